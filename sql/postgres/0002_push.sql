@@ -1,0 +1,1 @@
+-- Push gateway schema (push.md §10). Filled in by the push gateway work.

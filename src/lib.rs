@@ -1,0 +1,20 @@
+//! orca-relay: a relay cell, a director and a push gateway in one crate.
+//!
+//! Layering (see `ARCHITECTURE.md`): `contract` and `crypto` are pure leaves; `store` owns every SQL
+//! statement behind one transaction interface with a SQLite and a Postgres backend; `director`, `cell`
+//! and `push` hold the roles' decision logic and glue; `server` mounts the roles on one listener.
+
+pub mod app;
+pub mod cell;
+pub mod clock;
+pub mod config;
+pub mod contract;
+pub mod crypto;
+pub mod director;
+pub mod http;
+pub mod logging;
+pub mod metrics;
+pub mod push;
+pub mod readiness;
+pub mod server;
+pub mod store;

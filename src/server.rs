@@ -1,0 +1,514 @@
+//! One listener for every role of the process, and the shutdown sequence (operations.md §6).
+//!
+//! Connections are served by hyper directly: WebSocket leg paths go to the cell (or the director's
+//! invite redirect) with the raw upgrade gates of protocol.md §1.1; everything else goes to the warp
+//! filter tree assembled here from the roles this process runs. A path that belongs to a role this
+//! process does not run answers `404 {"error":"<role>_only"}`.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderMap, StatusCode};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio_util::task::TaskTracker;
+use tower_service::Service;
+use warp::filters::BoxedFilter;
+use warp::Filter;
+
+use crate::app::Ctx;
+use crate::cell::Cell;
+use crate::config::Config;
+use crate::contract::errors;
+use crate::director::Director;
+use crate::http::{self as h, PeerAddr, Response};
+use crate::logging;
+use crate::metrics::Metrics;
+use crate::push::Push;
+use crate::readiness::Verdict;
+use crate::store::{migrate, Db};
+
+/// Paths served only by the director role (exact, or prefixes ending in `/`).
+const DIRECTOR_PATHS: &[&str] = &[
+    "/v1/host-token",
+    "/v1/assign",
+    "/v1/resolve",
+    "/v1/regions",
+    "/v1/admin/cell-heartbeat",
+    "/v1/admin/cell-rehome-status",
+    "/v1/admin/cells",
+    "/v1/admin/cell-state",
+    "/v1/admin/cell-fence",
+    "/v1/admin/cell-status",
+    "/v1/admin/evacuate",
+    "/v1/admin/evacuate-cell",
+    "/v1/admin/migration-complete",
+    "/v1/admin/host-whereabouts",
+    "/v1/admin/regional-rehome-control",
+    "/v1/admin/overview",
+];
+/// Paths served only by the cell role.
+const CELL_PATHS: &[&str] = &["/v1/admin/drain", "/v1/admin/host-idle-rehome"];
+/// Paths served only by the push role.
+const PUSH_PATHS: &[&str] = &[
+    "/v1/host/challenge",
+    "/v1/host/session",
+    "/v1/devices",
+    "/v1/devices/",
+    "/v1/send",
+];
+
+fn path_in(path: &str, table: &[&str]) -> bool {
+    table
+        .iter()
+        .any(|p| path == *p || (p.ends_with('/') && path.starts_with(p)))
+}
+
+/// Is `path` one of the three WebSocket legs (protocol.md §1)?
+pub fn is_leg_path(path: &str) -> bool {
+    path == "/v1/host/control"
+        || path.starts_with("/v1/host/control")
+        || path.starts_with("/v1/host/data/")
+        || path == "/v1/host/data"
+        || path.starts_with("/v1/connect/")
+        || path == "/v1/connect"
+}
+
+/// A started server: its address, its context, and the roles it runs.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub ctx: Ctx,
+    pub director: Option<Arc<Director>>,
+    pub cell: Option<Arc<Cell>>,
+    pub push: Option<Arc<Push>>,
+    accept: tokio::task::JoinHandle<()>,
+    http: TaskTracker,
+}
+
+/// Binds, migrates, starts the roles and serves until [`Running::shutdown`].
+pub async fn start(mut config: Config) -> Result<Running, String> {
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("ORCA_RELAY_LISTEN: cannot bind {}: {e}", config.listen))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    config.adopt_bound_port(addr.port());
+
+    let read_only = config.push.mode == crate::config::PushMode::Validation;
+    let db = Db::connect_with(&config.database_url, config.database_pool_max, read_only)
+        .await
+        .map_err(|e| format!("ORCA_RELAY_DATABASE_URL: cannot open the database: {e}"))?;
+    let owns_schema = config.roles.director || config.roles.push;
+    if owns_schema && !read_only {
+        migrate::apply(&db)
+            .await
+            .map_err(|e| format!("ORCA_RELAY_DATABASE_URL: migration failed: {e}"))?;
+    }
+    let metrics = Arc::new(Metrics::new());
+    let ctx = Ctx::new(config, db, metrics);
+    let roles = ctx.config.roles;
+
+    let director = if roles.director {
+        Some(Director::start(ctx.clone()).await?)
+    } else {
+        None
+    };
+    let cell = if roles.cell {
+        Some(Cell::start(ctx.clone(), director.clone()).await?)
+    } else {
+        None
+    };
+    let push = if roles.push {
+        Some(Push::start(ctx.clone()).await?)
+    } else {
+        None
+    };
+
+    if let Some(path) = &ctx.config.secrets_file {
+        log::info!("[orca-relay] secrets file: {}", path.display());
+    }
+    logging::event(
+        "orca_relay_process_started",
+        serde_json::json!({
+            "roles": roles.names(),
+            "cellId": if roles.cell { Some(&ctx.config.cell_id) } else { None },
+            "incarnation": ctx.incarnation,
+            "database": ctx.config.database_kind(),
+            "listen": addr.to_string(),
+        }),
+    );
+    log::info!("[orca-relay] listening on http://{addr}");
+
+    let filter = routes(&ctx, director.as_ref(), cell.as_ref(), push.as_ref());
+    if let Some(maddr) = ctx.config.metrics_listen {
+        spawn_metrics_listener(ctx.clone(), maddr).await?;
+    }
+    let http = TaskTracker::new();
+    let accept = tokio::spawn(accept_loop(
+        listener,
+        ctx.clone(),
+        filter,
+        director.clone(),
+        cell.clone(),
+        http.clone(),
+    ));
+    Ok(Running {
+        addr,
+        ctx,
+        director,
+        cell,
+        push,
+        accept,
+        http,
+    })
+}
+
+impl Running {
+    /// The shutdown sequence: refuse new work, drain the cell, let push deliveries and in-flight
+    /// requests finish, stop loops, close the database. Returns the exit status.
+    pub async fn shutdown(self) -> i32 {
+        logging::event(
+            "orca_relay_process_stopping",
+            serde_json::json!({ "roles": self.ctx.config.roles.names() }),
+        );
+        self.ctx.shutdown.cancel();
+        let cell = self.cell.clone();
+        let push = self.push.clone();
+        let (_, _) = tokio::join!(
+            async {
+                if let Some(c) = &cell {
+                    c.shutdown().await;
+                }
+            },
+            async {
+                if let Some(p) = &push {
+                    p.shutdown().await;
+                }
+            }
+        );
+        if let Some(d) = &self.director {
+            d.shutdown().await;
+        }
+        self.http.close();
+        let _ = tokio::time::timeout(Duration::from_secs(8), self.http.wait()).await;
+        self.accept.abort();
+        self.ctx.db.close();
+        0
+    }
+}
+
+/// `orca-relay serve`: start, wait for SIGTERM/SIGINT, shut down within 10 s.
+pub async fn run(config: Config) -> i32 {
+    let running = match start(config).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("{e}");
+            return 1;
+        }
+    };
+    wait_for_signal().await;
+    // The hard deadline: whatever is still running after 10 s is abandoned.
+    std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_millis(
+            crate::contract::limits::SHUTDOWN_EXIT_MS,
+        ));
+        log::error!("[orca-relay] shutdown deadline exceeded");
+        std::process::exit(1);
+    });
+    running.shutdown().await
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    ctx: Ctx,
+    filter: BoxedFilter<(Response,)>,
+    director: Option<Arc<Director>>,
+    cell: Option<Arc<Cell>>,
+    http: TaskTracker,
+) {
+    let svc = warp::service(filter);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                // EMFILE and friends: back off briefly instead of spinning.
+                log::warn!("[orca-relay] accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let ctx = ctx.clone();
+        let svc = svc.clone();
+        let director = director.clone();
+        let cell = cell.clone();
+        http.spawn(async move {
+            let shutdown = ctx.shutdown.clone();
+            let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
+                req.extensions_mut().insert(PeerAddr(peer));
+                let ctx = ctx.clone();
+                let mut svc = svc.clone();
+                let director = director.clone();
+                let cell = cell.clone();
+                async move {
+                    let path = req.uri().path();
+                    if is_leg_path(path) {
+                        if let Some(cell) = &cell {
+                            return Ok::<_, Infallible>(cell.upgrade(req, peer).await);
+                        }
+                        if path.starts_with("/v1/connect/") {
+                            if let Some(d) = &director {
+                                return Ok(d.connect_redirect(req, peer).await);
+                            }
+                        }
+                        return Ok(h::error(StatusCode::NOT_FOUND, errors::CELL_ONLY));
+                    }
+                    if ctx.shutting_down() && path != "/health" {
+                        return Ok(h::shutting_down());
+                    }
+                    svc.call(req).await
+                }
+            });
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10))
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades();
+            tokio::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = shutdown.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
+    }
+}
+
+/// The warp filter tree for this process's roles.
+fn routes(
+    ctx: &Ctx,
+    director: Option<&Arc<Director>>,
+    cell: Option<&Arc<Cell>>,
+    push: Option<&Arc<Push>>,
+) -> BoxedFilter<(Response,)> {
+    let mut tree = common_routes(ctx, cell.cloned(), push.cloned());
+    tree = match director {
+        Some(d) => tree.or(d.routes()).unify().boxed(),
+        None => tree
+            .or(role_only(DIRECTOR_PATHS, errors::DIRECTOR_ONLY))
+            .unify()
+            .boxed(),
+    };
+    tree = match cell {
+        Some(c) => tree.or(c.routes()).unify().boxed(),
+        None => tree
+            .or(role_only(CELL_PATHS, errors::CELL_ONLY))
+            .unify()
+            .boxed(),
+    };
+    tree = match push {
+        Some(p) => tree.or(p.routes()).unify().boxed(),
+        None => tree
+            .or(role_only(PUSH_PATHS, errors::PUSH_ONLY))
+            .unify()
+            .boxed(),
+    };
+    tree.or(warp::any().map(|| h::error(StatusCode::NOT_FOUND, errors::NOT_FOUND)))
+        .unify()
+        .boxed()
+}
+
+fn role_only(paths: &'static [&'static str], code: &'static str) -> BoxedFilter<(Response,)> {
+    warp::path::full()
+        .and_then(move |p: warp::path::FullPath| async move {
+            if path_in(p.as_str(), paths) {
+                Ok(h::error(StatusCode::NOT_FOUND, code))
+            } else {
+                Err(warp::reject::not_found())
+            }
+        })
+        .boxed()
+}
+
+/// `/health`, `/ready`, `/metrics`, `/v1/admin/runtime-status` (operations.md §1–§3).
+fn common_routes(
+    ctx: &Ctx,
+    cell: Option<Arc<Cell>>,
+    push: Option<Arc<Push>>,
+) -> BoxedFilter<(Response,)> {
+    let c = ctx.clone();
+    let health = warp::path!("health").and(warp::get()).map(move || {
+        let mut body = serde_json::json!({
+            "ok": true,
+            "roles": c.config.roles.names(),
+            "connectionCapacityProtocol": 2,
+        });
+        if let Some(p) = &push {
+            if let (Some(obj), serde_json::Value::Object(extra)) =
+                (body.as_object_mut(), p.health_fields())
+            {
+                obj.extend(extra);
+            }
+        }
+        h::json(StatusCode::OK, &body)
+    });
+    let c = ctx.clone();
+    let ready = warp::path!("ready").and(warp::get()).then(move || {
+        let c = c.clone();
+        async move { ready_response(c.readiness.check().await) }
+    });
+    let c = ctx.clone();
+    let metrics = warp::path!("metrics")
+        .and(warp::get())
+        .and(warp::header::headers_cloned())
+        .map(move |headers: HeaderMap| {
+            if !h::is_admin(&headers, c.config.secrets.admin_token.as_deref()) {
+                return h::invalid_token();
+            }
+            metrics_response(&c.metrics)
+        });
+    let c = ctx.clone();
+    let runtime_status = warp::path!("v1" / "admin" / "runtime-status")
+        .and(warp::post())
+        .and(warp::header::headers_cloned())
+        .and(h::body(crate::contract::limits::RELAY_BODY_MAX))
+        .map(move |headers: HeaderMap, body: h::Body| {
+            runtime_status(&c, cell.as_deref(), &headers, body)
+        });
+    health
+        .or(ready)
+        .unify()
+        .or(metrics)
+        .unify()
+        .or(runtime_status)
+        .unify()
+        .boxed()
+}
+
+fn ready_response(v: Verdict) -> Response {
+    match v {
+        Verdict::Ready => h::json(StatusCode::OK, &serde_json::json!({"ok": true})),
+        Verdict::Degraded => h::json(
+            StatusCode::OK,
+            &serde_json::json!({"ok": true, "degraded": true, "dependency": ["sql"]}),
+        ),
+        Verdict::Unavailable => h::error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            errors::DEPENDENCY_UNAVAILABLE,
+        ),
+    }
+}
+
+fn metrics_response(m: &Metrics) -> Response {
+    let mut r = Response::new(m.render().into());
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    r
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VersionOnly {
+    v: u8,
+}
+
+fn runtime_status(ctx: &Ctx, cell: Option<&Cell>, headers: &HeaderMap, body: h::Body) -> Response {
+    if !h::is_admin(headers, ctx.config.secrets.admin_token.as_deref()) {
+        return h::invalid_token();
+    }
+    let bytes = match body {
+        h::Body::Ok(b) => b,
+        h::Body::TooLarge => return h::too_large(),
+        h::Body::Broken => return h::bad_request(),
+    };
+    match h::parse::<VersionOnly>(&bytes) {
+        Ok(VersionOnly { v: 1 }) => {}
+        Ok(_) => return h::bad_request(),
+        Err(r) => return r,
+    }
+    let cfg = &ctx.config;
+    let is_cell = cell.is_some();
+    let capacity = if is_cell {
+        cfg.hard_cap.map(|c| {
+            serde_json::json!({
+                "hardCap": c.cap,
+                "controlRebindReserve": 100,
+                "ordinaryConnectionLimit": c.cap - 100,
+                "unobservedBound": c.unobserved_bound,
+                "normalAdmissionPause": c.cap - 100 - c.unobserved_bound,
+            })
+        })
+    } else {
+        None
+    };
+    let runtime = cell.map(|c| c.runtime_counts());
+    h::json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "v": 1,
+            "roles": cfg.roles.names(),
+            "cellId": if is_cell { Some(&cfg.cell_id) } else { None },
+            "cellUrl": if is_cell { Some(&cfg.cell_url) } else { None },
+            "region": cfg.region,
+            "cellIncarnation": if is_cell { Some(&ctx.incarnation) } else { None },
+            "startedAt": ctx.started_at,
+            "draining": cell.is_some_and(|c| c.is_draining()),
+            "connectionCapacity": capacity,
+            "runtime": runtime,
+        }),
+    )
+}
+
+async fn spawn_metrics_listener(ctx: Ctx, addr: SocketAddr) -> Result<(), String> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("ORCA_RELAY_METRICS_LISTEN: cannot bind {addr}: {e}"))?;
+    let c = ctx.clone();
+    let filter = warp::path!("metrics")
+        .and(warp::get())
+        .map(move || metrics_response(&c.metrics))
+        .boxed();
+    tokio::spawn(async move {
+        let svc = warp::service(filter);
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let svc = svc.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
+                    let mut svc = svc.clone();
+                    async move { svc.call(req).await }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Ok(())
+}

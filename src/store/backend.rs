@@ -1,0 +1,214 @@
+//! The storage trait and the handle that dispatches to the configured backend.
+
+use std::sync::Arc;
+
+use super::postgres::{PgDb, PgTx};
+use super::sqlite::{SqliteDb, SqliteTx};
+use super::{DbError, PressureSnapshot, Row, Value, WaitTracker};
+
+/// Which backend a [`Db`] talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DbKind {
+    Sqlite,
+    Postgres,
+}
+
+impl DbKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DbKind::Sqlite => "sqlite",
+            DbKind::Postgres => "postgres",
+        }
+    }
+}
+
+/// What a backend's open transaction must offer. Statements use Postgres syntax; a backend that
+/// cannot take row locks treats the locking clauses and scopes as no-ops (README §5, push.md §10).
+#[allow(async_fn_in_trait)]
+pub trait Backend {
+    async fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError>;
+    async fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError>;
+    async fn execute_batch(&mut self, sql: &str) -> Result<(), DbError>;
+    /// `SET LOCAL lock_timeout` for the rest of the transaction.
+    async fn set_lock_timeout(&mut self, ms: u64) -> Result<(), DbError>;
+    /// Waits for the transaction-scoped advisory lock named `scope`.
+    async fn scope_lock(&mut self, scope: &str) -> Result<(), DbError>;
+    /// Takes the advisory lock named `scope` if free.
+    async fn try_scope_lock(&mut self, scope: &str) -> Result<bool, DbError>;
+    async fn commit(self) -> Result<(), DbError>;
+    async fn rollback(self);
+}
+
+/// A shared handle on the database (cheap to clone).
+#[derive(Clone)]
+pub struct Db {
+    inner: Arc<Inner>,
+}
+
+enum Inner {
+    Sqlite(SqliteDb),
+    Postgres(PgDb),
+}
+
+impl Db {
+    /// Opens `sqlite://PATH`, `sqlite::memory:` or `postgres://…` with at most `pool_max` Postgres
+    /// connections. SQLite parent directories are created.
+    pub async fn connect(url: &str, pool_max: usize) -> Result<Db, DbError> {
+        Self::connect_with(url, pool_max, false).await
+    }
+
+    /// As [`Db::connect`], read-only when `read_only` (push validation mode).
+    pub async fn connect_with(url: &str, pool_max: usize, read_only: bool) -> Result<Db, DbError> {
+        let inner = if url == "sqlite::memory:" {
+            Inner::Sqlite(SqliteDb::open(None, read_only).await?)
+        } else if let Some(path) = url.strip_prefix("sqlite://") {
+            Inner::Sqlite(SqliteDb::open(Some(path), read_only).await?)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Inner::Postgres(PgDb::open(url, pool_max, read_only)?)
+        } else {
+            return Err(DbError::Fatal("unsupported database url".into()));
+        };
+        Ok(Db {
+            inner: Arc::new(inner),
+        })
+    }
+
+    pub fn kind(&self) -> DbKind {
+        match &*self.inner {
+            Inner::Sqlite(_) => DbKind::Sqlite,
+            Inner::Postgres(_) => DbKind::Postgres,
+        }
+    }
+
+    /// Opens a transaction (SQLite: `BEGIN IMMEDIATE`; Postgres: READ COMMITTED).
+    pub async fn begin(&self) -> Result<Tx, DbError> {
+        Ok(match &*self.inner {
+            Inner::Sqlite(db) => Tx::Sqlite(db.begin().await?),
+            Inner::Postgres(db) => Tx::Postgres(db.begin().await?),
+        })
+    }
+
+    /// A plain read outside any transaction (sees the latest committed state).
+    pub async fn query(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+        match &*self.inner {
+            Inner::Sqlite(db) => db.read(sql, params).await,
+            Inner::Postgres(db) => db.read(sql, params).await,
+        }
+    }
+
+    /// A single-statement write in its own transaction.
+    pub async fn execute(&self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
+        let mut tx = self.begin().await?;
+        match tx.execute(sql, params).await {
+            Ok(n) => {
+                tx.commit().await?;
+                Ok(n)
+            }
+            Err(e) => {
+                tx.rollback().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// `SELECT 1` (readiness).
+    pub async fn ping(&self) -> Result<(), DbError> {
+        self.query("SELECT 1", &[]).await.map(|_| ())
+    }
+
+    /// Callers waiting for a connection right now.
+    pub fn pressure(&self) -> PressureSnapshot {
+        self.waits().snapshot()
+    }
+
+    pub fn waits(&self) -> &WaitTracker {
+        match &*self.inner {
+            Inner::Sqlite(db) => &db.waits,
+            Inner::Postgres(db) => &db.waits,
+        }
+    }
+
+    /// Pool size and idle connections (Postgres only).
+    pub fn pool_status(&self) -> Option<(u64, u64)> {
+        match &*self.inner {
+            Inner::Sqlite(_) => None,
+            Inner::Postgres(db) => Some(db.pool_status()),
+        }
+    }
+
+    /// Closes pooled connections (shutdown).
+    pub fn close(&self) {
+        if let Inner::Postgres(db) = &*self.inner {
+            db.close();
+        }
+    }
+}
+
+/// An open transaction on either backend. Dropping it without `commit` rolls it back.
+pub enum Tx {
+    Sqlite(SqliteTx),
+    Postgres(PgTx),
+}
+
+macro_rules! dispatch {
+    ($self:ident, $tx:ident => $e:expr) => {
+        match $self {
+            Tx::Sqlite($tx) => $e,
+            Tx::Postgres($tx) => $e,
+        }
+    };
+}
+
+impl Tx {
+    pub fn kind(&self) -> DbKind {
+        match self {
+            Tx::Sqlite(_) => DbKind::Sqlite,
+            Tx::Postgres(_) => DbKind::Postgres,
+        }
+    }
+
+    pub async fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+        dispatch!(self, t => t.query(sql, params).await)
+    }
+
+    /// The first row, if any.
+    pub async fn query_opt(&mut self, sql: &str, params: &[Value]) -> Result<Option<Row>, DbError> {
+        Ok(self.query(sql, params).await?.into_iter().next())
+    }
+
+    pub async fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
+        dispatch!(self, t => t.execute(sql, params).await)
+    }
+
+    pub async fn execute_batch(&mut self, sql: &str) -> Result<(), DbError> {
+        dispatch!(self, t => t.execute_batch(sql).await)
+    }
+
+    pub async fn set_lock_timeout(&mut self, ms: u64) -> Result<(), DbError> {
+        dispatch!(self, t => t.set_lock_timeout(ms).await)
+    }
+
+    pub async fn scope_lock(&mut self, scope: &str) -> Result<(), DbError> {
+        dispatch!(self, t => t.scope_lock(scope).await)
+    }
+
+    pub async fn try_scope_lock(&mut self, scope: &str) -> Result<bool, DbError> {
+        dispatch!(self, t => t.try_scope_lock(scope).await)
+    }
+
+    pub async fn commit(self) -> Result<(), DbError> {
+        dispatch!(self, t => t.commit().await)
+    }
+
+    pub async fn rollback(self) {
+        dispatch!(self, t => t.rollback().await)
+    }
+}
+
+/// The advisory-lock key of a scope: the first 8 bytes of SHA-256(scope), big-endian signed
+/// (push.md §10).
+pub fn scope_key(scope: &str) -> i64 {
+    use sha2::{Digest, Sha256};
+    let d = Sha256::digest(scope.as_bytes());
+    i64::from_be_bytes(d[..8].try_into().unwrap())
+}

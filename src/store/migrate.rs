@@ -1,0 +1,97 @@
+//! Numbered schema migrations, compiled into the binary and recorded in `schema_migrations`.
+//!
+//! Each migration runs in its own transaction. On Postgres an advisory lock serialises processes that
+//! start together, and the applied set is re-read under it, so two directors booting at once apply
+//! each migration exactly once.
+
+use super::{Db, DbError, DbKind};
+use crate::params;
+
+/// One schema step.
+pub struct Migration {
+    pub version: i64,
+    pub name: &'static str,
+    pub sql: &'static str,
+}
+
+/// Migrations per backend, in order. Both lists define the same tables, columns and keys.
+pub fn migrations(kind: DbKind) -> &'static [Migration] {
+    match kind {
+        DbKind::Sqlite => SQLITE,
+        DbKind::Postgres => POSTGRES,
+    }
+}
+
+const SQLITE: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "core",
+        sql: include_str!("../../sql/sqlite/0001_core.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "push",
+        sql: include_str!("../../sql/sqlite/0002_push.sql"),
+    },
+];
+
+const POSTGRES: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "core",
+        sql: include_str!("../../sql/postgres/0001_core.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "push",
+        sql: include_str!("../../sql/postgres/0002_push.sql"),
+    },
+];
+
+const LOCK_SCOPE: &str = "orca-relay-schema-migrations";
+
+/// Applies pending migrations; returns the versions applied now.
+pub async fn apply(db: &Db) -> Result<Vec<i64>, DbError> {
+    let mut tx = db.begin().await?;
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)",
+    )
+    .await?;
+    tx.commit().await?;
+    let mut applied_now = Vec::new();
+    for m in migrations(db.kind()) {
+        let mut tx = db.begin().await?;
+        tx.scope_lock(LOCK_SCOPE).await?;
+        let done = tx
+            .query_opt(
+                "SELECT version FROM schema_migrations WHERE version = $1",
+                params![m.version],
+            )
+            .await?
+            .is_some();
+        if done {
+            tx.rollback().await;
+            continue;
+        }
+        tx.execute_batch(m.sql).await?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
+            params![m.version, m.name, crate::clock::now_ms()],
+        )
+        .await?;
+        tx.commit().await?;
+        applied_now.push(m.version);
+    }
+    Ok(applied_now)
+}
+
+/// True when every known migration is recorded (validation-mode readiness).
+pub async fn is_current(db: &Db) -> Result<bool, DbError> {
+    let rows = db
+        .query("SELECT version FROM schema_migrations", &[])
+        .await?;
+    let have: Vec<i64> = rows.iter().map(|r| r.i64(0)).collect();
+    Ok(migrations(db.kind())
+        .iter()
+        .all(|m| have.contains(&m.version)))
+}

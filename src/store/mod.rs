@@ -1,0 +1,164 @@
+//! Durable state: one transaction interface, two backends.
+//!
+//! Every domain operation is written once against [`Tx`] using Postgres placeholders (`$1`) and
+//! Postgres locking clauses (`FOR UPDATE`, `NOWAIT`, `SKIP LOCKED`). The SQLite backend rewrites
+//! placeholders, drops locking clauses (its single writer under `BEGIN IMMEDIATE` already serialises
+//! transactions) and runs every call on a dedicated database thread, never on a tokio worker. The
+//! Postgres backend runs at READ COMMITTED through a deadpool pool. [`transaction!`] wraps an
+//! operation in begin/commit and retries it on serialization failures, deadlocks and lock timeouts
+//! (3 attempts, 0–25 ms full jitter) as README §5 prescribes.
+//!
+//! Area operations live beside this module (`assignments`, `credentials`, and `push::store`);
+//! decisions are pure functions in the role modules, fed with rows read here.
+
+pub mod assignments;
+mod backend;
+pub mod migrate;
+mod postgres;
+mod sqlite;
+pub mod testing;
+mod value;
+mod waits;
+
+pub use backend::{Backend, Db, DbKind, Tx};
+pub use value::{Row, Value};
+pub use waits::{PressureSnapshot, WaitTracker};
+
+use std::fmt;
+
+/// A database failure, classified the way the retry loop and the HTTP layer need it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DbError {
+    /// `55P03`: a `NOWAIT` or `lock_timeout` lock was not granted. Operations that asked for
+    /// `NOWAIT` map this to their own "busy" answer; the retry loop retries it otherwise.
+    LockUnavailable,
+    /// `40001` or `40P01`: retry the whole transaction.
+    Serialization(&'static str),
+    /// Unique-key violation (`23505` / SQLite constraint).
+    UniqueViolation,
+    /// Connection, pool, timeout or I/O trouble: the caller answers a retryable 503.
+    Transient(String),
+    /// Anything else (bad SQL, constraint other than unique): a bug or corrupted input.
+    Fatal(String),
+}
+
+impl DbError {
+    /// The SQLSTATE to log when the retry loop may run the transaction again.
+    pub fn retry_code(&self) -> Option<&'static str> {
+        match self {
+            DbError::LockUnavailable => Some("55P03"),
+            DbError::Serialization(code) => Some(code),
+            _ => None,
+        }
+    }
+
+    /// True when the client should be told to come back later (503 + `Retry-After`).
+    pub fn is_transient(&self) -> bool {
+        !matches!(self, DbError::Fatal(_) | DbError::UniqueViolation)
+    }
+}
+
+impl fmt::Display for DbError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DbError::LockUnavailable => write!(f, "lock unavailable"),
+            DbError::Serialization(code) => write!(f, "serialization failure {code}"),
+            DbError::UniqueViolation => write!(f, "unique violation"),
+            DbError::Transient(m) => write!(f, "transient database failure: {m}"),
+            DbError::Fatal(m) => write!(f, "database error: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for DbError {}
+
+/// Errors that may carry a retryable database failure, so [`transaction!`] can decide to retry
+/// domain operations that return their own error type.
+pub trait RetryClass {
+    fn retry_code(&self) -> Option<&'static str>;
+}
+
+impl RetryClass for DbError {
+    fn retry_code(&self) -> Option<&'static str> {
+        DbError::retry_code(self)
+    }
+}
+
+/// Attempts per transaction (README §5).
+pub const TX_ATTEMPTS: u32 = 3;
+
+/// Sleeps 0–25 ms (full jitter) before a retry and logs the retry event.
+pub async fn retry_pause(phase: &str, code: &str, attempt: u32) {
+    log::info!(
+        "{}",
+        serde_json::json!({"event":"orca_relay_postgres_transaction_retry","code":code,"attempt":attempt,"phase":phase})
+    );
+    let ms: u64 = rand::random::<u64>() % 26;
+    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+}
+
+/// Logs that the retries ran out.
+pub fn retry_exhausted(phase: &str, code: &str, attempts: u32) {
+    log::warn!(
+        "{}",
+        serde_json::json!({"event":"orca_relay_postgres_transaction_retry_exhausted","code":code,"attempts":attempts,"phase":phase})
+    );
+}
+
+/// Runs `$body` inside a transaction on `$db`, committing on `Ok` and rolling back on `Err`, and
+/// retries the whole body on `40001`/`40P01`/`55P03` up to [`TX_ATTEMPTS`] times.
+///
+/// `$body` is an expression (usually a block) that may `.await` and use `$tx: &mut Tx`; it evaluates
+/// to `Result<T, E>` with `E: From<DbError> + RetryClass`.
+///
+/// ```ignore
+/// let n = transaction!(db, "assignment", |tx| {
+///     tx.execute("UPDATE t SET a = $1", params![1]).await
+/// })?;
+/// ```
+#[macro_export]
+macro_rules! transaction {
+    ($db:expr, $phase:expr, |$tx:ident| $body:expr) => {{
+        #[allow(unused_imports)]
+        use $crate::store::RetryClass as _;
+        let __db: &$crate::store::Db = &$db;
+        let __phase: &str = $phase;
+        let mut __attempt: u32 = 0;
+        loop {
+            __attempt += 1;
+            let mut __tx = match __db.begin().await {
+                Ok(t) => t,
+                Err(e) => break Err(e.into()),
+            };
+            let __result = {
+                let $tx: &mut $crate::store::Tx = &mut __tx;
+                async { $body }.await
+            };
+            let __retry = match __result {
+                Ok(v) => match __tx.commit().await {
+                    Ok(()) => break Ok(v),
+                    Err(e) => match $crate::store::RetryClass::retry_code(&e) {
+                        Some(code) if __attempt < $crate::store::TX_ATTEMPTS => code,
+                        Some(code) => {
+                            $crate::store::retry_exhausted(__phase, code, __attempt);
+                            break Err(e.into());
+                        }
+                        None => break Err(e.into()),
+                    },
+                },
+                Err(e) => {
+                    __tx.rollback().await;
+                    match $crate::store::RetryClass::retry_code(&e) {
+                        Some(code) if __attempt < $crate::store::TX_ATTEMPTS => code,
+                        Some(code) => {
+                            $crate::store::retry_exhausted(__phase, code, __attempt);
+                            break Err(e);
+                        }
+                        None => break Err(e),
+                    }
+                }
+            };
+            $crate::store::retry_pause(__phase, __retry, __attempt).await;
+        }
+    }};
+}

@@ -1,0 +1,229 @@
+//! Postgres backend: tokio-postgres through a deadpool pool, READ COMMITTED, explicit row locks.
+//!
+//! Each connection starts with the session defaults of director.md §2 (`statement_timeout` 5 s,
+//! `lock_timeout` 1 s, `idle_in_transaction_session_timeout` 5 s). A transaction owns its pooled
+//! connection; dropping it unfinished sends `ROLLBACK` before the connection returns to the pool.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::NoTls;
+
+use super::backend::{scope_key, Backend};
+use super::{DbError, Row, Value, WaitTracker};
+
+pub struct PgDb {
+    pool: Pool,
+    pub(super) waits: WaitTracker,
+}
+
+const SESSION_OPTIONS: &str =
+    "-c statement_timeout=5000 -c lock_timeout=1000 -c idle_in_transaction_session_timeout=5000";
+
+impl PgDb {
+    pub fn open(url: &str, pool_max: usize, read_only: bool) -> Result<PgDb, DbError> {
+        let mut cfg = tokio_postgres::Config::from_str(url)
+            .map_err(|e| DbError::Fatal(format!("invalid postgres url: {e}")))?;
+        let mut options = cfg.get_options().unwrap_or_default().to_owned();
+        if !options.is_empty() {
+            options.push(' ');
+        }
+        options.push_str(SESSION_OPTIONS);
+        if read_only {
+            options.push_str(" -c default_transaction_read_only=on");
+        }
+        cfg.options(&options);
+        cfg.connect_timeout(Duration::from_secs(5));
+        cfg.application_name("orca-relay");
+        let mgr = Manager::from_config(
+            cfg,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(mgr)
+            .max_size(pool_max.max(1))
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(Duration::from_secs(5)))
+            .create_timeout(Some(Duration::from_secs(5)))
+            .recycle_timeout(Some(Duration::from_secs(5)))
+            .build()
+            .map_err(|e| DbError::Fatal(format!("postgres pool: {e}")))?;
+        Ok(PgDb {
+            pool,
+            waits: WaitTracker::default(),
+        })
+    }
+
+    async fn get(&self) -> Result<Object, DbError> {
+        let _wait = self.waits.enter();
+        self.pool
+            .get()
+            .await
+            .map_err(|e| DbError::Transient(format!("pool: {e}")))
+    }
+
+    pub async fn begin(&self) -> Result<PgTx, DbError> {
+        let obj = self.get().await?;
+        obj.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+            .await
+            .map_err(map_err)?;
+        Ok(PgTx { obj: Some(obj) })
+    }
+
+    pub async fn read(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+        let obj = self.get().await?;
+        run_query(&obj, sql, params).await
+    }
+
+    pub fn pool_status(&self) -> (u64, u64) {
+        let s = self.pool.status();
+        (s.size as u64, s.available as u64)
+    }
+
+    pub fn close(&self) {
+        self.pool.close();
+    }
+}
+
+/// An open transaction owning its connection.
+pub struct PgTx {
+    obj: Option<Object>,
+}
+
+impl PgTx {
+    fn conn(&self) -> &Object {
+        self.obj.as_ref().expect("transaction already finished")
+    }
+}
+
+impl Backend for PgTx {
+    async fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+        run_query(self.conn(), sql, params).await
+    }
+
+    async fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
+        let conn = self.conn();
+        let stmt = conn.prepare_cached(sql).await.map_err(map_err)?;
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
+        conn.execute(&stmt, &refs).await.map_err(map_err)
+    }
+
+    async fn execute_batch(&mut self, sql: &str) -> Result<(), DbError> {
+        self.conn().batch_execute(sql).await.map_err(map_err)
+    }
+
+    async fn set_lock_timeout(&mut self, ms: u64) -> Result<(), DbError> {
+        self.conn()
+            .batch_execute(&format!("SET LOCAL lock_timeout = {ms}"))
+            .await
+            .map_err(map_err)
+    }
+
+    async fn scope_lock(&mut self, scope: &str) -> Result<(), DbError> {
+        self.execute(
+            "SELECT pg_advisory_xact_lock($1)",
+            &[Value::Int(scope_key(scope))],
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn try_scope_lock(&mut self, scope: &str) -> Result<bool, DbError> {
+        let rows = self
+            .query(
+                "SELECT pg_try_advisory_xact_lock($1)",
+                &[Value::Int(scope_key(scope))],
+            )
+            .await?;
+        Ok(rows.first().map(|r| r.bool(0)).unwrap_or(false))
+    }
+
+    async fn commit(mut self) -> Result<(), DbError> {
+        let obj = self.obj.take().expect("transaction already finished");
+        match obj.batch_execute("COMMIT").await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let _ = obj.batch_execute("ROLLBACK").await;
+                Err(map_err(e))
+            }
+        }
+    }
+
+    async fn rollback(mut self) {
+        if let Some(obj) = self.obj.take() {
+            let _ = obj.batch_execute("ROLLBACK").await;
+        }
+    }
+}
+
+impl Drop for PgTx {
+    fn drop(&mut self) {
+        if let Some(obj) = self.obj.take() {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(async move {
+                    let _ = obj.batch_execute("ROLLBACK").await;
+                });
+            }
+        }
+    }
+}
+
+async fn run_query(obj: &Object, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+    let stmt = obj.prepare_cached(sql).await.map_err(map_err)?;
+    let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
+    let rows = obj.query(&stmt, &refs).await.map_err(map_err)?;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        let mut vals = Vec::with_capacity(r.len());
+        for (i, col) in r.columns().iter().enumerate() {
+            let v = match *col.type_() {
+                Type::INT8 => r.get::<_, Option<i64>>(i).map(Value::Int),
+                Type::INT4 => r.get::<_, Option<i32>>(i).map(|v| Value::Int(v as i64)),
+                Type::INT2 => r.get::<_, Option<i16>>(i).map(|v| Value::Int(v as i64)),
+                Type::BOOL => r.get::<_, Option<bool>>(i).map(Value::Bool),
+                Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME => {
+                    r.get::<_, Option<String>>(i).map(Value::Text)
+                }
+                Type::VOID => None,
+                ref other => {
+                    // Sums are NUMERIC in Postgres: statements cast them (`CAST(SUM(x) AS BIGINT)`).
+                    return Err(DbError::Fatal(format!("unsupported column type {other}")));
+                }
+            };
+            vals.push(v.unwrap_or(Value::Null));
+        }
+        out.push(Row(vals));
+    }
+    Ok(out)
+}
+
+fn map_err(e: tokio_postgres::Error) -> DbError {
+    if let Some(code) = e.code() {
+        if *code == SqlState::T_R_SERIALIZATION_FAILURE {
+            return DbError::Serialization("40001");
+        }
+        if *code == SqlState::T_R_DEADLOCK_DETECTED {
+            return DbError::Serialization("40P01");
+        }
+        if *code == SqlState::LOCK_NOT_AVAILABLE {
+            return DbError::LockUnavailable;
+        }
+        if *code == SqlState::UNIQUE_VIOLATION {
+            return DbError::UniqueViolation;
+        }
+        let c = code.code();
+        if c == "57014" || c == "53300" || c == "57P03" || c == "57P01" || c.starts_with("08") {
+            return DbError::Transient(format!("postgres {c}"));
+        }
+        return DbError::Fatal(format!(
+            "postgres {c}: {}",
+            e.as_db_error().map(|d| d.message()).unwrap_or("")
+        ));
+    }
+    DbError::Transient(format!("postgres connection: {e}"))
+}

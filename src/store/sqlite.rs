@@ -1,0 +1,340 @@
+//! SQLite backend: rusqlite on dedicated threads.
+//!
+//! One writer connection lives on its own OS thread; a transaction holds the single writer slot
+//! (a semaphore) from `BEGIN IMMEDIATE` to commit, and each statement is a job sent to that thread,
+//! so no rusqlite call ever runs on a tokio worker. Plain reads use a second connection on a second
+//! thread (WAL lets it see the last committed state while a write transaction is open); an
+//! in-memory database has no second connection and reads through the writer slot.
+
+use std::borrow::Cow;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rusqlite::types::{ToSqlOutput, Value as SqlValue, ValueRef};
+use rusqlite::{Connection, OpenFlags};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+
+use super::backend::{scope_key, Backend};
+use super::{DbError, Row, Value, WaitTracker};
+
+type Job = Box<dyn FnOnce(&mut Connection) + Send>;
+
+/// A connection owned by one OS thread, fed with jobs.
+#[derive(Clone)]
+struct Worker {
+    jobs: mpsc::Sender<Job>,
+}
+
+impl Worker {
+    fn spawn(name: &str, mut conn: Connection) -> Worker {
+        let (jobs, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    job(&mut conn);
+                }
+            })
+            .expect("spawn sqlite thread");
+        Worker { jobs }
+    }
+
+    async fn call<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> R + Send + 'static,
+    ) -> Result<R, DbError> {
+        let (tx, rx) = oneshot::channel();
+        self.jobs
+            .send(Box::new(move |c| {
+                let _ = tx.send(f(c));
+            }))
+            .map_err(|_| DbError::Transient("sqlite thread gone".into()))?;
+        rx.await
+            .map_err(|_| DbError::Transient("sqlite thread gone".into()))
+    }
+
+    fn fire(&self, f: impl FnOnce(&mut Connection) + Send + 'static) {
+        let _ = self.jobs.send(Box::new(f));
+    }
+}
+
+pub struct SqliteDb {
+    writer: Worker,
+    reader: Option<Worker>,
+    slot: Arc<Semaphore>,
+    pub(super) waits: WaitTracker,
+}
+
+fn open_conn(path: Option<&str>, read_only: bool) -> Result<Connection, DbError> {
+    let conn = match path {
+        None => Connection::open_in_memory(),
+        Some(p) => {
+            let flags = if read_only {
+                OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            } else {
+                OpenFlags::SQLITE_OPEN_READ_WRITE
+                    | OpenFlags::SQLITE_OPEN_CREATE
+                    | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            };
+            Connection::open_with_flags(p, flags)
+        }
+    }
+    .map_err(map_err)?;
+    conn.busy_timeout(Duration::from_secs(5)).map_err(map_err)?;
+    if path.is_some() && !read_only {
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(map_err)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(map_err)?;
+    }
+    conn.pragma_update(None, "foreign_keys", "ON")
+        .map_err(map_err)?;
+    conn.set_prepared_statement_cache_capacity(256);
+    Ok(conn)
+}
+
+impl SqliteDb {
+    pub async fn open(path: Option<&str>, read_only: bool) -> Result<SqliteDb, DbError> {
+        let path = path.map(str::to_owned);
+        // Opening touches the file system: do it off the runtime.
+        let (writer, reader) = tokio::task::spawn_blocking(move || {
+            if let Some(p) = &path {
+                if let Some(parent) = std::path::Path::new(p).parent() {
+                    if !parent.as_os_str().is_empty() {
+                        std::fs::create_dir_all(parent).map_err(|e| {
+                            DbError::Fatal(format!("create {}: {e}", parent.display()))
+                        })?;
+                    }
+                }
+            }
+            let writer = open_conn(path.as_deref(), read_only)?;
+            let reader = match &path {
+                Some(_) => Some(open_conn(path.as_deref(), read_only)?),
+                None => None,
+            };
+            Ok::<_, DbError>((writer, reader))
+        })
+        .await
+        .map_err(|e| DbError::Fatal(e.to_string()))??;
+        Ok(SqliteDb {
+            writer: Worker::spawn("orca-sqlite-writer", writer),
+            reader: reader.map(|c| Worker::spawn("orca-sqlite-reader", c)),
+            slot: Arc::new(Semaphore::new(1)),
+            waits: WaitTracker::default(),
+        })
+    }
+
+    pub async fn begin(&self) -> Result<SqliteTx, DbError> {
+        let permit = {
+            let _wait = self.waits.enter();
+            self.slot
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| DbError::Transient("sqlite closed".into()))?
+        };
+        self.writer
+            .call(|c| c.execute_batch("BEGIN IMMEDIATE").map_err(map_err))
+            .await??;
+        Ok(SqliteTx {
+            worker: self.writer.clone(),
+            _permit: Some(permit),
+            open: true,
+        })
+    }
+
+    pub async fn read(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+        match &self.reader {
+            Some(r) => run_query(r, sql, params).await,
+            None => {
+                let mut tx = self.begin().await?;
+                let rows = tx.query(sql, params).await;
+                tx.commit().await?;
+                rows
+            }
+        }
+    }
+}
+
+/// An open `BEGIN IMMEDIATE` transaction holding the writer slot.
+pub struct SqliteTx {
+    worker: Worker,
+    _permit: Option<OwnedSemaphorePermit>,
+    open: bool,
+}
+
+impl Backend for SqliteTx {
+    async fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+        run_query(&self.worker, sql, params).await
+    }
+
+    async fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
+        let sql = rewrite(sql).into_owned();
+        let params = params.to_vec();
+        self.worker
+            .call(move |c| {
+                let mut stmt = c.prepare_cached(&sql).map_err(map_err)?;
+                let n = stmt
+                    .execute(rusqlite::params_from_iter(params.iter().map(Bind)))
+                    .map_err(map_err)?;
+                Ok(n as u64)
+            })
+            .await?
+    }
+
+    async fn execute_batch(&mut self, sql: &str) -> Result<(), DbError> {
+        let sql = sql.to_owned();
+        self.worker
+            .call(move |c| c.execute_batch(&sql).map_err(map_err))
+            .await?
+    }
+
+    async fn set_lock_timeout(&mut self, _ms: u64) -> Result<(), DbError> {
+        Ok(())
+    }
+
+    async fn scope_lock(&mut self, scope: &str) -> Result<(), DbError> {
+        let _ = scope_key(scope);
+        Ok(())
+    }
+
+    async fn try_scope_lock(&mut self, _scope: &str) -> Result<bool, DbError> {
+        Ok(true)
+    }
+
+    async fn commit(mut self) -> Result<(), DbError> {
+        self.open = false;
+        let r = self
+            .worker
+            .call(|c| {
+                let r = c.execute_batch("COMMIT").map_err(map_err);
+                if r.is_err() {
+                    let _ = c.execute_batch("ROLLBACK");
+                }
+                r
+            })
+            .await?;
+        r
+    }
+
+    async fn rollback(mut self) {
+        self.open = false;
+        let _ = self
+            .worker
+            .call(|c| {
+                let _ = c.execute_batch("ROLLBACK");
+            })
+            .await;
+    }
+}
+
+impl Drop for SqliteTx {
+    fn drop(&mut self) {
+        if self.open {
+            // Jobs run in order, so this lands before the next holder's BEGIN.
+            self.worker.fire(|c| {
+                let _ = c.execute_batch("ROLLBACK");
+            });
+        }
+    }
+}
+
+async fn run_query(worker: &Worker, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+    let sql = rewrite(sql).into_owned();
+    let params = params.to_vec();
+    worker
+        .call(move |c| {
+            let mut stmt = c.prepare_cached(&sql).map_err(map_err)?;
+            let ncols = stmt.column_count();
+            let mut rows = stmt
+                .query(rusqlite::params_from_iter(params.iter().map(Bind)))
+                .map_err(map_err)?;
+            let mut out = Vec::new();
+            while let Some(r) = rows.next().map_err(map_err)? {
+                let mut vals = Vec::with_capacity(ncols);
+                for i in 0..ncols {
+                    vals.push(match r.get_ref(i).map_err(map_err)? {
+                        ValueRef::Null => Value::Null,
+                        ValueRef::Integer(v) => Value::Int(v),
+                        ValueRef::Real(v) => Value::Int(v as i64),
+                        ValueRef::Text(t) => Value::Text(String::from_utf8_lossy(t).into_owned()),
+                        ValueRef::Blob(b) => Value::Text(String::from_utf8_lossy(b).into_owned()),
+                    });
+                }
+                out.push(Row(vals));
+            }
+            Ok(out)
+        })
+        .await?
+}
+
+struct Bind<'a>(&'a Value);
+
+impl rusqlite::ToSql for Bind<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(match self.0 {
+            Value::Null => ToSqlOutput::Owned(SqlValue::Null),
+            Value::Int(v) => ToSqlOutput::Owned(SqlValue::Integer(*v)),
+            Value::Bool(b) => ToSqlOutput::Owned(SqlValue::Integer(*b as i64)),
+            Value::Text(t) => ToSqlOutput::Borrowed(ValueRef::Text(t.as_bytes())),
+        })
+    }
+}
+
+/// Turns Postgres syntax into SQLite syntax: `$n` → `?n`; row-locking clauses removed.
+pub(crate) fn rewrite(sql: &str) -> Cow<'_, str> {
+    if !sql.contains('$') && !sql.contains("FOR UPDATE") {
+        return Cow::Borrowed(sql);
+    }
+    let mut s = sql.replace('$', "?");
+    for clause in [
+        " FOR UPDATE SKIP LOCKED",
+        " FOR UPDATE NOWAIT",
+        " FOR UPDATE",
+    ] {
+        s = s.replace(clause, "");
+    }
+    Cow::Owned(s)
+}
+
+fn map_err(e: rusqlite::Error) -> DbError {
+    use rusqlite::ErrorCode;
+    match &e {
+        rusqlite::Error::SqliteFailure(f, _) => match f.code {
+            ErrorCode::ConstraintViolation
+                if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+                    || f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY =>
+            {
+                DbError::UniqueViolation
+            }
+            ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked => {
+                DbError::Transient("sqlite busy".into())
+            }
+            ErrorCode::SystemIoFailure
+            | ErrorCode::DiskFull
+            | ErrorCode::CannotOpen
+            | ErrorCode::ReadOnly => DbError::Transient(format!("sqlite {:?}", f.code)),
+            _ => DbError::Fatal(e.to_string()),
+        },
+        _ => DbError::Fatal(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rewrite;
+
+    #[test]
+    fn rewrites_placeholders_and_locks() {
+        assert_eq!(
+            rewrite("SELECT a FROM t WHERE b = $1 AND c = $12 FOR UPDATE NOWAIT"),
+            "SELECT a FROM t WHERE b = ?1 AND c = ?12"
+        );
+        assert_eq!(rewrite("SELECT 1"), "SELECT 1");
+        assert_eq!(
+            rewrite("SELECT x FROM t FOR UPDATE SKIP LOCKED"),
+            "SELECT x FROM t"
+        );
+    }
+}
