@@ -23,11 +23,17 @@ async fn make_table(db: &Db, name: &str) {
 async fn migrations_apply_once_and_record_versions() {
     for t in backends().await {
         // `backends()` already migrated; a second run applies nothing.
-        assert!(migrate::apply(&t.db).await.unwrap().is_empty(), "{:?}", t.kind());
+        assert!(
+            migrate::apply(&t.db).await.unwrap().is_empty(),
+            "{:?}",
+            t.kind()
+        );
         assert!(migrate::is_current(&t.db).await.unwrap());
-        let rows = t
-            .db
-            .query("SELECT version, name FROM schema_migrations ORDER BY version", &[])
+        let rows =
+            t.db.query(
+                "SELECT version, name FROM schema_migrations ORDER BY version",
+                &[],
+            )
             .await
             .unwrap();
         let versions: Vec<i64> = rows.iter().map(|r| r.i64(0)).collect();
@@ -71,34 +77,31 @@ async fn values_round_trip_and_nulls() {
         )
         .await
         .unwrap();
-        let row = t
-            .db
-            .query("SELECT k, n, flag, note FROM kv WHERE k = $1", params!["a"])
-            .await
-            .unwrap()
-            .remove(0);
+        let row =
+            t.db.query("SELECT k, n, flag, note FROM kv WHERE k = $1", params!["a"])
+                .await
+                .unwrap()
+                .remove(0);
         assert_eq!(row.str(0), "a");
         assert_eq!(row.i64(1), 1i64 << 53);
         assert!(row.bool(2));
         assert!(row.is_null(3));
         assert_eq!(row.opt_str(3), None);
         // An untyped parameter compared with IS NULL needs a cast: that form works on both.
-        let n = t
-            .db
-            .query(
+        let n =
+            t.db.query(
                 "SELECT COUNT(*) FROM kv WHERE CAST($1 AS TEXT) IS NULL OR k = $1",
                 params![None::<String>],
             )
             .await
             .unwrap()[0]
-            .i64(0);
+                .i64(0);
         assert_eq!(n, 1);
-        let sum = t
-            .db
-            .query("SELECT CAST(SUM(n) AS BIGINT) FROM kv", &[])
-            .await
-            .unwrap()[0]
-            .i64(0);
+        let sum =
+            t.db.query("SELECT CAST(SUM(n) AS BIGINT) FROM kv", &[])
+                .await
+                .unwrap()[0]
+                .i64(0);
         assert_eq!(sum, 1i64 << 53);
     }
 }
@@ -186,7 +189,10 @@ async fn unique_violation_is_classified() {
         make_table(&t.db, "kv").await;
         let ins = "INSERT INTO kv (k, n, flag) VALUES ($1, $2, $3)";
         t.db.execute(ins, params!["u", 1i64, true]).await.unwrap();
-        let e = t.db.execute(ins, params!["u", 2i64, true]).await.unwrap_err();
+        let e =
+            t.db.execute(ins, params!["u", 2i64, true])
+                .await
+                .unwrap_err();
         assert_eq!(e, DbError::UniqueViolation, "{:?}", t.kind());
         assert!(!e.is_transient());
     }
@@ -279,12 +285,11 @@ async fn concurrent_locked_increments_do_not_lose_updates() {
         for task in tasks {
             task.await.unwrap();
         }
-        let n = t
-            .db
-            .query("SELECT n FROM kv WHERE k = $1", params!["c"])
-            .await
-            .unwrap()[0]
-            .i64(0);
+        let n =
+            t.db.query("SELECT n FROM kv WHERE k = $1", params!["c"])
+                .await
+                .unwrap()[0]
+                .i64(0);
         assert_eq!(n, 40, "{:?}", t.kind());
     }
 }
@@ -315,7 +320,10 @@ async fn postgres_nowait_and_deadlock_retry() {
     let mut other = t.db.begin().await.unwrap();
     let started = std::time::Instant::now();
     let e = other
-        .query("SELECT n FROM kv WHERE k = $1 FOR UPDATE NOWAIT", params!["a"])
+        .query(
+            "SELECT n FROM kv WHERE k = $1 FOR UPDATE NOWAIT",
+            params!["a"],
+        )
         .await
         .unwrap_err();
     assert_eq!(e, DbError::LockUnavailable);
@@ -353,12 +361,11 @@ async fn postgres_nowait_and_deadlock_retry() {
         task.await.unwrap().expect("both commit after retry");
     }
     assert!(attempts.load(Ordering::SeqCst) >= 3, "one side was retried");
-    let total = t
-        .db
-        .query("SELECT CAST(SUM(n) AS BIGINT) FROM kv", &[])
-        .await
-        .unwrap()[0]
-        .i64(0);
+    let total =
+        t.db.query("SELECT CAST(SUM(n) AS BIGINT) FROM kv", &[])
+            .await
+            .unwrap()[0]
+            .i64(0);
     assert_eq!(total, 4);
 }
 
