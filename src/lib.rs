@@ -10,6 +10,7 @@
 
 pub mod app;
 pub mod cell;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod contract;

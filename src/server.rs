@@ -202,6 +202,8 @@ impl Running {
 
 /// `orca-relay serve`: start, wait for SIGTERM/SIGINT, shut down within 10 s.
 pub async fn run(config: Config) -> i32 {
+    // Handlers first: a signal that arrives while starting must not kill the process untidily.
+    let signal = wait_for_signal();
     let running = match start(config).await {
         Ok(r) => r,
         Err(e) => {
@@ -209,7 +211,7 @@ pub async fn run(config: Config) -> i32 {
             return 1;
         }
     };
-    wait_for_signal().await;
+    signal.await;
     // The hard deadline: whatever is still running after 10 s is abandoned.
     std::thread::spawn(|| {
         std::thread::sleep(Duration::from_millis(
@@ -221,20 +223,25 @@ pub async fn run(config: Config) -> i32 {
     running.shutdown().await
 }
 
-async fn wait_for_signal() {
+/// Registers the SIGTERM/SIGINT handlers now; the returned future completes on the first signal.
+fn wait_for_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
         let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
+        async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 

@@ -209,3 +209,54 @@ async fn postgres_url_migrates_and_serves() {
     }
     let _ = std::fs::remove_dir_all(&cwd);
 }
+
+#[tokio::test]
+async fn admin_and_host_token_commands_talk_to_a_running_server() {
+    let cwd = temp_dir("orca-relay-serve");
+    let s = spawn(&cwd, &[]);
+    let url = format!("http://{}", s.addr);
+    let data = cwd.join("data");
+    let run = |args: &[&str], envs: &[(&str, &str)]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_orca-relay"));
+        cmd.arg(args[0])
+            .env_clear()
+            .arg("--url")
+            .arg(&url)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(&args[1..]);
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    };
+    let kp = orca_relay::crypto::nacl::X25519Keypair::from_secret([9; 32]);
+    let key = orca_relay::crypto::b64::std_encode(&kp.public);
+    let out = run(&["host-token", "--key", &key], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["relayToken"].as_str().unwrap().split('.').count() == 3);
+
+    let out = run(&["admin", "status"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["roles"], serde_json::json!(["director", "cell", "push"]));
+
+    let wrong = "wrong-admin-token-wrong-admin-token-0001";
+    let out = run(&["admin", "status"], &[("ORCA_RELAY_ADMIN_TOKEN", wrong)]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid_token"));
+    let out = run(&["host-token", "--key", "not-a-key"], &[]);
+    assert!(!out.status.success());
+    let (code, _, _) = s.terminate();
+    assert_eq!(code, 0);
+    let _ = std::fs::remove_dir_all(&cwd);
+}
