@@ -12,6 +12,8 @@
 //! decisions are pure functions in the role modules, fed with rows read here.
 
 pub mod assignments;
+pub mod cells;
+pub mod placement;
 mod backend;
 pub mod migrate;
 mod postgres;
