@@ -164,7 +164,7 @@ pub async fn view(db: &Db, cell_id: &str) -> Result<Option<CellView>, DbError> {
 // Heartbeats (director.md §3.6)
 
 /// A heartbeat that passed the schema checks, incarnation lowercased.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Beat {
     pub cell_id: String,
     pub cell_url: String,
