@@ -18,7 +18,7 @@ async fn server(t: &orca_relay::store::testing::TestDb) -> Server {
 /// U-01, U-02.
 #[tokio::test]
 async fn u01_u02_health_and_role() {
-    for t in all_backends().await {
+    run_all(|t| async move {
         let s = server(&t).await;
         let (st, _, v) = s.call(Method::GET, "/health", None, None).await;
         assert_eq!(st, 200);
@@ -42,13 +42,14 @@ async fn u01_u02_health_and_role() {
         let (st, _, v) = d.call(Method::GET, "/v1/devices", None, None).await;
         assert_eq!((st, v), (404, json!({"error":"push_only"})));
         d.stop().await;
-    }
+    })
+    .await;
 }
 
 /// U-05, U-06, U-07, U-08.
 #[tokio::test]
 async fn u05_to_u08_challenge_and_session() {
-    for t in all_backends().await {
+    run_all(|t| async move {
         let s = server(&t).await;
         let h = Host::new();
         let before = s.counter("challenge_issued");
@@ -117,7 +118,8 @@ async fn u05_to_u08_challenge_and_session() {
         assert_eq!(v["hostFingerprint"], h.fp.as_str());
         assert_logs_clean(&[token.to_string(), proof]);
         s.stop().await;
-    }
+    })
+    .await;
 }
 
 fn std_b64(b: &[u8]) -> String {
@@ -136,7 +138,7 @@ async fn session_call(s: &Server, id: &str, proof: &str) -> (u16, serde_json::Va
 /// U-09, U-10, U-12.
 #[tokio::test]
 async fn u09_u10_u12_proofs_and_single_session() {
-    for t in all_backends().await {
+    run_all(|t| async move {
         let s = server(&t).await;
         let a = Host::new();
         let b = Host::new();
@@ -189,13 +191,14 @@ async fn u09_u10_u12_proofs_and_single_session() {
         let (st, _, _) = s.call(Method::GET, "/v1/devices", Some(&second), None).await;
         assert_eq!(st, 200);
         s.stop().await;
-    }
+    })
+    .await;
 }
 
 /// U-11: 20 concurrent right proofs, one wins.
 #[tokio::test]
 async fn u11_concurrent_proofs() {
-    for t in all_backends().await {
+    run_all(|t| async move {
         let s = std::sync::Arc::new(server(&t).await);
         let h = Host::new();
         let c = h.challenge(&s).await;
@@ -217,13 +220,14 @@ async fn u11_concurrent_proofs() {
         }
         assert_eq!((ok, invalid), (1, 19));
         std::sync::Arc::try_unwrap(s).ok().unwrap().stop().await;
-    }
+    })
+    .await;
 }
 
 /// U-13, U-14.
 #[tokio::test]
 async fn u13_u14_bearers() {
-    for t in all_backends().await {
+    run_all(|t| async move {
         let s = server(&t).await;
         let h = Host::new();
         let token = h.session(&s).await;
@@ -260,13 +264,14 @@ async fn u13_u14_bearers() {
             (401, json!({"error":"session_expired"}))
         );
         s.stop().await;
-    }
+    })
+    .await;
 }
 
 /// U-15, U-16, U-17.
 #[tokio::test]
 async fn u15_to_u17_registry() {
-    for t in all_backends().await {
+    run_all(|t| async move {
         let s = server(&t).await;
         let h = Host::new();
         let tok = h.session(&s).await;
@@ -310,13 +315,14 @@ async fn u15_to_u17_registry() {
         assert_eq!(s.register(&tok, "d1", "ios", &ios_token()).await, id1);
         assert_eq!(s.devices(&tok).await.len(), 64);
         s.stop().await;
-    }
+    })
+    .await;
 }
 
 /// U-18.
 #[tokio::test]
 async fn u18_ownership() {
-    for t in all_backends().await {
+    run_all(|t| async move {
         let s = server(&t).await;
         let (h, j) = (Host::new(), Host::new());
         let (th, tj) = (h.session(&s).await, j.session(&s).await);
@@ -339,13 +345,14 @@ async fn u18_ownership() {
         assert_eq!(del(&th, &hid).await.0, 204);
         assert_eq!(del(&th, &hid).await, (404, json!({"error":"not_found"})));
         s.stop().await;
-    }
+    })
+    .await;
 }
 
 /// U-19, U-20.
 #[tokio::test]
 async fn u19_u20_send_validation_and_ownership() {
-    for t in all_backends().await {
+    run_all(|t| async move {
         let s = server(&t).await;
         let (h, j) = (Host::new(), Host::new());
         let (th, tj) = (h.session(&s).await, j.session(&s).await);
@@ -392,14 +399,15 @@ async fn u19_u20_send_validation_and_ownership() {
                 {"registrationId":own,"status":"queued"}]})
         );
         s.stop().await;
-    }
+    })
+    .await;
 }
 
 /// U-36 (accept side), U-37, U-38, U-39 (accept side): quotas, idempotency and fences without a
 /// provider (no APNs configured, so nothing is sent; fence decisions are checked in the rows).
 #[tokio::test]
 async fn u37_u38_u39_accept_rules() {
-    for t in all_backends().await {
+    run_all(|t| async move {
         let s = server(&t).await;
         let h = Host::new();
         let tok = h.session(&s).await;
@@ -453,14 +461,15 @@ async fn u37_u38_u39_accept_rules() {
         assert_eq!(s.send(&tok, &[&a], dismiss("q0", 1000)).await, ["queued"]);
         assert_eq!(s.send(&tok, &[&a, &b], alert("q1", 1001)).await, ["queued", "queued"]);
         s.stop().await;
-    }
+    })
+    .await;
 }
 
 
 /// U-42: unauth-IP bucket keyed by the trusted X-Forwarded-For entry.
 #[tokio::test]
 async fn u42_unauth_rate_limit() {
-    for t in all_backends().await {
+    run_all(|t| async move {
         let s = server(&t).await;
         let body = json!({"v":1,"hostPublicKeyB64":Host::new().public_b64()}).to_string();
         let xff = "1.2.3.4, 198.51.100.7";
@@ -493,13 +502,14 @@ async fn u42_unauth_rate_limit() {
             .await;
         assert_eq!(st, 200);
         s.stop().await;
-    }
+    })
+    .await;
 }
 
 /// U-43: invalid-bearer bucket per IP, per-host bucket.
 #[tokio::test]
 async fn u43_bearer_and_host_limits() {
-    for t in all_backends().await {
+    run_all(|t| async move {
         let s = server(&t).await;
         let h = Host::new();
         let tok = h.session(&s).await;
@@ -532,13 +542,14 @@ async fn u43_bearer_and_host_limits() {
         assert!(ok >= 600, "{ok}");
         assert!((call as f64) < 600.0 + 10.0 * elapsed + 2.0, "{call} after {elapsed}s");
         s.stop().await;
-    }
+    })
+    .await;
 }
 
 /// U-45: body limits.
 #[tokio::test]
 async fn u45_body_limits() {
-    for t in all_backends().await {
+    run_all(|t| async move {
         let s = server(&t).await;
         let big = "x".repeat(16385);
         let (st, _, v) = s.call(Method::POST, "/v1/host/challenge", None, Some(big)).await;
@@ -566,7 +577,8 @@ async fn u45_body_limits() {
             .await;
         assert_eq!((st, v), (401, json!({"error":"invalid_token"})));
         s.stop().await;
-    }
+    })
+    .await;
 }
 
 /// Drain: a push request during shutdown answers `503 shutting_down`.

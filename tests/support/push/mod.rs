@@ -122,10 +122,9 @@ pub fn server_args(db_url: &str, data: &std::path::Path, o: &Opts) -> Vec<String
         "1".into(),
     ];
     if let Some(base) = &o.apns {
+        a.push(format!("--push-apns-key={}", keys::APNS_KEY_PEM));
         a.extend(
             [
-                "--push-apns-key",
-                keys::APNS_KEY_PEM,
                 "--push-apns-key-id",
                 "KEYID12345",
                 "--push-apple-team-id",
@@ -369,6 +368,16 @@ impl Host {
 
 pub async fn all_backends() -> Vec<TestDb> {
     backends().await
+}
+
+/// Runs `case` on every backend concurrently (the timing-heavy scenarios would double otherwise).
+pub async fn run_all<F, Fut>(case: F)
+where
+    F: Fn(TestDb) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let all = backends().await;
+    futures_util::future::join_all(all.into_iter().map(case)).await;
 }
 
 /// Polls `f` every 10 ms until it is true or `within` passes.
