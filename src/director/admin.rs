@@ -432,32 +432,7 @@ fn cell_json(
     })
 }
 
-/// The Migration object from a full `relay_assignment_migrations` row read with
-/// [`MIGRATION_COLUMNS`].
-pub fn migration_json(r: &crate::store::Row) -> Json {
-    json!({
-        "userId": r.str(0),
-        "relayHostId": r.str(1),
-        "kind": r.str(2),
-        "sourceCellId": r.str(3),
-        "targetCellId": r.str(4),
-        "previousEpoch": r.i64(5),
-        "assignmentEpoch": r.i64(6),
-        "sourceRequestUnits": r.i64(7),
-        "targetReservedUnits": r.i64(8),
-        "arrivalDeadline": r.i64(9),
-        "expiresAt": r.i64(10),
-        "targetRegisteredAt": r.opt_i64(11),
-        "completedAt": r.opt_i64(12),
-        "abortedAt": r.opt_i64(13),
-        "abortReason": r.opt_str(14),
-        "createdAt": r.i64(15),
-    })
-}
-
-pub const MIGRATION_COLUMNS: &str = "user_id, relay_host_id, kind, source_cell_id, target_cell_id, \
-     previous_epoch, assignment_epoch, source_request_units, target_reserved_units, arrival_deadline, \
-     expires_at, target_registered_at, completed_at, aborted_at, abort_reason, created_at";
+use crate::store::migrations::{migration_json, MIGRATION_COLUMNS};
 
 /// HostView objects of `relay_host_id` (optionally one user), by `userId`.
 async fn host_views(db: &Db, relay_host_id: &str, user: Option<&str>) -> Result<Vec<Json>, DbError> {
@@ -544,14 +519,82 @@ async fn host_views(db: &Db, relay_host_id: &str, user: Option<&str>) -> Result<
     Ok(out)
 }
 
+fn migration_error(e: crate::store::migrations::MigrationError) -> Response {
+    use crate::store::migrations::MigrationError as E;
+    match e {
+        E::CellNotFound => not_found(),
+        E::Refused(c) => conflict(c),
+        E::Db(_) => db_unavailable(),
+    }
+}
+
 impl Director {
-    async fn evacuate_route(&self, _b: &[u8]) -> Response {
-        h::error(StatusCode::NOT_IMPLEMENTED, "not_implemented")
+    async fn evacuate_route(&self, b: &[u8]) -> Response {
+        let r: EvacuateReq = match parse(b) {
+            Ok(r) => r,
+            Err(e) => return e,
+        };
+        if r.v != 1
+            || !is_opaque_id(&r.user_id)
+            || !is_opaque_id(&r.relay_host_id)
+            || !is_cell_id(&r.target_cell_id)
+        {
+            return h::bad_request();
+        }
+        let host = HostKey {
+            user_id: r.user_id,
+            relay_host_id: r.relay_host_id,
+        };
+        match crate::store::migrations::evacuate(&self.ctx.db, &host, Some(&r.target_cell_id), clock::now_ms()).await {
+            Ok(m) => h::json(StatusCode::OK, &json!({"v":1,"migration":m})),
+            Err(e) => migration_error(e),
+        }
     }
-    async fn evacuate_cell_route(&self, _b: &[u8]) -> Response {
-        h::error(StatusCode::NOT_IMPLEMENTED, "not_implemented")
+
+    async fn evacuate_cell_route(&self, b: &[u8]) -> Response {
+        let r: EvacuateCellReq = match parse(b) {
+            Ok(r) => r,
+            Err(e) => return e,
+        };
+        if r.v != 1
+            || !is_cell_id(&r.source_cell_id)
+            || r.target_cell_id.as_deref().is_some_and(|t| !is_cell_id(t))
+            || !(1..=100).contains(&r.limit)
+        {
+            return h::bad_request();
+        }
+        match crate::store::migrations::evacuate_cell(
+            &self.ctx.db,
+            &r.source_cell_id,
+            r.target_cell_id.as_deref(),
+            r.limit,
+            clock::now_ms(),
+        )
+        .await
+        {
+            Ok((started, skipped, remaining)) => h::json(
+                StatusCode::OK,
+                &json!({"v":1,"started":started,"skipped":skipped,"remaining":remaining}),
+            ),
+            Err(e) => migration_error(e),
+        }
     }
-    async fn migration_complete_route(&self, _b: &[u8]) -> Response {
-        h::error(StatusCode::NOT_IMPLEMENTED, "not_implemented")
+
+    async fn migration_complete_route(&self, b: &[u8]) -> Response {
+        let r: CompleteReq = match parse(b) {
+            Ok(r) => r,
+            Err(e) => return e,
+        };
+        if r.v != 1 || !is_opaque_id(&r.user_id) || !is_opaque_id(&r.relay_host_id) || r.assignment_epoch < 1 {
+            return h::bad_request();
+        }
+        let host = HostKey {
+            user_id: r.user_id,
+            relay_host_id: r.relay_host_id,
+        };
+        match crate::store::migrations::complete(&self.ctx.db, &host, r.assignment_epoch, clock::now_ms()).await {
+            Ok(m) => h::json(StatusCode::OK, &json!({"v":1,"migration":m})),
+            Err(e) => migration_error(e),
+        }
     }
 }

@@ -183,3 +183,10 @@ impl Director {
         }
     }
 }
+
+impl Director {
+    /// Drops the `/v1/regions` cache (what 30 s of waiting does).
+    pub async fn expire_regions_cache(&self) {
+        *self.regions_cache.lock().await = None;
+    }
+}

@@ -1,13 +1,19 @@
-//! The sweep chain (director.md §5.6), every 30 s ± 20 % while the director runs.
+//! The sweep chain (director.md §5.6), every 30 s ± 20 % while the director runs. Each step is
+//! isolated; items are locked NOWAIT and skipped when busy, so concurrent directors are safe.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::Director;
+use crate::store::migrations::{self as m, SweepCount};
+use crate::store::placement::{assign, AssignOptions};
+use crate::store::DbError;
 
-/// Starts the loop; it stops when `stop` is cancelled.
+/// Starts the loop; it stops when `stop` (or the process shutdown) is cancelled.
 pub fn spawn(d: Arc<Director>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
@@ -18,12 +24,80 @@ pub fn spawn(d: Arc<Director>, stop: CancellationToken) -> tokio::task::JoinHand
                 _ = d.ctx.shutdown.cancelled() => return,
                 _ = tokio::time::sleep(wait) => {}
             }
-            run_once(&d).await;
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = run_once(&d) => {}
+            }
         }
     })
 }
 
-/// One pass of the chain; each step is isolated.
+fn report(step: &str, r: Result<SweepCount, DbError>) {
+    match r {
+        Ok(c) if c.skipped > 0 => {
+            crate::logging::event("orca_relay_sweep_busy", json!({"sweep": step, "skipped": c.skipped}))
+        }
+        Ok(_) => {}
+        Err(e) => {
+            log::warn!("[orca-relay] assignment cleanup failed: {step}");
+            log::debug!("sweep {step}: {e}");
+        }
+    }
+}
+
+/// One pass of the chain, in order.
 pub async fn run_once(d: &Director) {
-    let _ = d;
+    let db = &d.ctx.db;
+    let now = crate::clock::now_ms();
+    report("refresh-migrations", m::refresh_migrations(db, now).await);
+    report("complete-ready-migrations", m::complete_ready(db, now).await);
+    report("expire-unarrived-migrations", m::expire_unarrived(db, now).await);
+    report("expire-aged-migrations", m::expire_aged(db, now).await);
+    report("release-expired-activity-leases", m::release_expired_leases(db, now).await);
+    report(
+        "release-connection-reservations",
+        m::release_old_reservations(db, now).await.map(|_| SweepCount::default()),
+    );
+    report(
+        "release-expired-region-decisions",
+        m::release_old_decisions(db, now).await.map(|_| SweepCount::default()),
+    );
+    report("evacuate-dead-cells", evacuate_dead_cells(d, now).await);
+}
+
+/// `evacuate-dead-cells` (§6.4): `assign` without a region hint and with a 1 000 ms cell-row wait,
+/// no rejection lines.
+async fn evacuate_dead_cells(d: &Director, now: i64) -> Result<SweepCount, DbError> {
+    let hosts = m::dead_cell_hosts(&d.ctx.db, now).await?;
+    let mut per_cell: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut count = SweepCount::default();
+    for (cell, host) in hosts {
+        let r = assign(
+            &d.ctx.db,
+            &host,
+            None,
+            &d.ctx.config.regions,
+            AssignOptions { cell_wait_ms: 1_000 },
+        )
+        .await;
+        let e = per_cell.entry(cell).or_default();
+        match r {
+            Ok(g) if g.moved.is_some() => {
+                e.0 += 1;
+                count.done += 1;
+            }
+            Ok(_) => {}
+            Err(crate::store::placement::AssignError::RowBusy) => count.skipped += 1,
+            Err(_) => e.1 += 1,
+        }
+    }
+    for (cell, (moved, failed)) in per_cell {
+        if moved + failed > 0 {
+            crate::logging::event(
+                "orca_relay_dead_cell_evacuation",
+                json!({"cellId": cell, "moved": moved, "failed": failed}),
+            );
+        }
+    }
+    Ok(count)
 }

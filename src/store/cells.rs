@@ -21,6 +21,8 @@ pub enum Which<'a> {
     All,
     General,
     One(&'a str),
+    /// Two cells (source and target), locked together in one statement.
+    Pair(&'a str, &'a str),
 }
 
 /// Either a plain read on the pool or a read inside a transaction.
@@ -92,6 +94,10 @@ pub async fn views(
         Which::All => ("", vec![]),
         Which::General => (" WHERE admission_state = 'general'", vec![]),
         Which::One(id) => (" WHERE cell_id = $1", vec![Value::from(id)]),
+        Which::Pair(a, b) => (
+            " WHERE cell_id IN ($1, $2)",
+            vec![Value::from(a), Value::from(b)],
+        ),
     };
     let lock_sql = if lock { " FOR UPDATE" } else { "" };
     let rows = r
@@ -106,6 +112,7 @@ pub async fn views(
     }
     let rt_filter = match which {
         Which::One(_) => " WHERE cell_id = $1",
+        Which::Pair(..) => " WHERE cell_id IN ($1, $2)",
         _ => "",
     };
     let runtimes = r
@@ -128,6 +135,7 @@ pub async fn views(
                 "SELECT cell_id, COUNT(*) FROM relay_connection_reservations WHERE state IN ('reserved', 'claimed'){} GROUP BY cell_id",
                 match which {
                     Which::One(_) => " AND cell_id = $1",
+                    Which::Pair(..) => " AND cell_id IN ($1, $2)",
                     _ => "",
                 }
             ),
@@ -583,4 +591,25 @@ pub async fn attest_fence(
         .await?;
         Ok(fence)
     })
+}
+
+/// Locks the given cell rows in one statement, ascending (tier 4).
+pub async fn lock_cells(tx: &mut Tx, ids: &[String]) -> Result<(), DbError> {
+    let mut ids: Vec<&String> = ids.iter().collect();
+    ids.sort();
+    ids.dedup();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let marks: Vec<String> = (1..=ids.len()).map(|i| format!("${i}")).collect();
+    let p: Vec<Value> = ids.iter().map(|s| Value::from(s.as_str())).collect();
+    tx.query(
+        &format!(
+            "SELECT cell_id FROM relay_cells WHERE cell_id IN ({}) ORDER BY cell_id FOR UPDATE",
+            marks.join(", ")
+        ),
+        &p,
+    )
+    .await?;
+    Ok(())
 }

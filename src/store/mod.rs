@@ -16,6 +16,7 @@ pub mod cells;
 pub mod placement;
 mod backend;
 pub mod migrate;
+pub mod migrations;
 mod postgres;
 mod sqlite;
 pub mod testing;
