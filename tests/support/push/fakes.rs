@@ -298,17 +298,35 @@ async fn apns_answer(f: Fake, req: Request<Incoming>) -> Response<Full<Bytes>> {
     finish_answer(&f, &token, at, answer).await
 }
 
+/// Counts a stream as closed when its handler ends, even if the connection died and hyper dropped
+/// the handler unfinished.
+struct OpenGuard {
+    state: Arc<Mutex<State>>,
+    token: String,
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(o) = s.open.get_mut(&self.token) {
+            *o -= 1;
+        }
+    }
+}
+
 async fn finish_answer(f: &Fake, token: &str, at: Instant, a: Answer) -> Response<Full<Bytes>> {
+    let guard = OpenGuard {
+        state: f.state.clone(),
+        token: token.to_string(),
+    };
     if !a.delay.is_zero() {
         tokio::time::sleep(a.delay).await;
     }
     if let Some(h) = &a.hold {
         h.cancelled().await;
     }
+    drop(guard);
     let mut s = f.state.lock().unwrap();
-    if let Some(o) = s.open.get_mut(token) {
-        *o -= 1;
-    }
     if let Some(seen) = s
         .seen
         .iter_mut()
