@@ -34,8 +34,14 @@ fn u47_config_errors() {
     let db = format!("sqlite://{}/push.sqlite3", dir.display());
     let missing = dir.join("missing.json").display().to_string();
     let cases: Vec<(Vec<(&str, &str)>, &str)> = vec![
-        (vec![("ORCA_PUSH_APNS_KEY", keys::APNS_KEY_PEM)], "ORCA_PUSH_APNS_KEY"),
-        (vec![("ORCA_PUSH_FCM_PROJECT_ID", "orca-test")], "ORCA_PUSH_FCM_PROJECT_ID"),
+        (
+            vec![("ORCA_PUSH_APNS_KEY", keys::APNS_KEY_PEM)],
+            "ORCA_PUSH_APNS_KEY",
+        ),
+        (
+            vec![("ORCA_PUSH_FCM_PROJECT_ID", "orca-test")],
+            "ORCA_PUSH_FCM_PROJECT_ID",
+        ),
         (
             vec![
                 ("ORCA_PUSH_FCM_PROJECT_ID", "orca-test"),
@@ -43,10 +49,22 @@ fn u47_config_errors() {
             ],
             "ORCA_PUSH_FCM_CREDENTIALS",
         ),
-        (vec![("ORCA_PUSH_PUBLIC_URL", "http://push.example.com")], "ORCA_PUSH_PUBLIC_URL"),
-        (vec![("ORCA_PUSH_PUBLIC_URL", "https://x.test/")], "ORCA_PUSH_PUBLIC_URL"),
-        (vec![("ORCA_RELAY_TRUSTED_PROXY_HOPS", "9")], "ORCA_RELAY_TRUSTED_PROXY_HOPS"),
-        (vec![("ORCA_PUSH_APNS_BASE_URL", "http://10.0.0.5")], "ORCA_PUSH_APNS_BASE_URL"),
+        (
+            vec![("ORCA_PUSH_PUBLIC_URL", "http://push.example.com")],
+            "ORCA_PUSH_PUBLIC_URL",
+        ),
+        (
+            vec![("ORCA_PUSH_PUBLIC_URL", "https://x.test/")],
+            "ORCA_PUSH_PUBLIC_URL",
+        ),
+        (
+            vec![("ORCA_RELAY_TRUSTED_PROXY_HOPS", "9")],
+            "ORCA_RELAY_TRUSTED_PROXY_HOPS",
+        ),
+        (
+            vec![("ORCA_PUSH_APNS_BASE_URL", "http://10.0.0.5")],
+            "ORCA_PUSH_APNS_BASE_URL",
+        ),
     ];
     for (vars, name) in cases {
         let mut cmd = Command::new(BIN);
@@ -69,7 +87,6 @@ fn u47_config_errors() {
 struct Proc {
     child: Child,
     base: String,
-    lines: Arc<Mutex<Vec<String>>>,
 }
 
 fn spawn(db_url: &str, apns: &Fake, lines: Arc<Mutex<Vec<String>>>) -> Proc {
@@ -97,7 +114,7 @@ fn spawn(db_url: &str, apns: &Fake, lines: Arc<Mutex<Vec<String>>>) -> Proc {
     let base = rx
         .recv_timeout(Duration::from_secs(20))
         .expect("server did not start");
-    Proc { child, base, lines }
+    Proc { child, base }
 }
 
 impl Proc {
@@ -165,7 +182,10 @@ async fn u40_crash_recovery() {
             }
         }
         for (_, token) in &devices {
-            assert_eq!(apns.wait_for(token, 1, Duration::from_secs(5)).await.len(), 1);
+            assert_eq!(
+                apns.wait_for(token, 1, Duration::from_secs(5)).await.len(),
+                1
+            );
             secrets.push(token.clone());
         }
         let first: Vec<_> = devices
@@ -179,9 +199,16 @@ async fn u40_crash_recovery() {
         let mut p2 = spawn(&t.url, &apns, lines.clone());
         for (i, (_, token)) in devices.iter().enumerate() {
             let seen = apns.wait_for(token, 4, Duration::from_secs(40)).await;
-            assert_eq!(seen.len(), 4, "every accepted notification delivered at least once");
+            assert_eq!(
+                seen.len(),
+                4,
+                "every accepted notification delivered at least once"
+            );
             // a1 again, same collapse id and body.
-            assert_eq!(seen[1].headers["apns-collapse-id"], first[i].headers["apns-collapse-id"]);
+            assert_eq!(
+                seen[1].headers["apns-collapse-id"],
+                first[i].headers["apns-collapse-id"]
+            );
             assert_eq!(seen[1].body, first[i].body);
             let seqs: Vec<i64> = seen[1..]
                 .iter()
@@ -218,11 +245,17 @@ async fn u50_sigterm() {
         apns.script(&token, vec![Answer::status(200, "").hold(hold.clone())]);
         let id = s.register(&tok, "d", "ios", &token).await;
         assert_eq!(s.send(&tok, &[&id], alert("held", 1)).await, ["queued"]);
-        assert_eq!(apns.wait_for(&token, 1, Duration::from_secs(5)).await.len(), 1);
+        assert_eq!(
+            apns.wait_for(&token, 1, Duration::from_secs(5)).await.len(),
+            1
+        );
         let signalled = Instant::now();
         p.sigterm();
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let fresh = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+        let fresh = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap();
         if let Ok(resp) = fresh
             .get(format!("{}/v1/devices", s.base))
             .header("authorization", format!("Bearer {tok}"))
@@ -230,13 +263,19 @@ async fn u50_sigterm() {
             .await
         {
             assert_eq!(resp.status().as_u16(), 503);
-            assert_eq!(resp.json::<serde_json::Value>().await.unwrap(), json!({"error":"shutting_down"}));
+            assert_eq!(
+                resp.json::<serde_json::Value>().await.unwrap(),
+                json!({"error":"shutting_down"})
+            );
         }
         let status = loop {
             if let Some(st) = p.child.try_wait().unwrap() {
                 break st;
             }
-            assert!(signalled.elapsed() < Duration::from_secs(10), "no exit within 10 s");
+            assert!(
+                signalled.elapsed() < Duration::from_secs(10),
+                "no exit within 10 s"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         assert!(signalled.elapsed() < Duration::from_secs(10));
@@ -244,12 +283,29 @@ async fn u50_sigterm() {
         hold.cancel();
         let mut p2 = spawn(&t.url, &apns, lines.clone());
         let seen = apns.wait_for(&token, 2, Duration::from_secs(40)).await;
-        assert_eq!(seen.len(), 2, "the held delivery is re-sent after the restart");
+        assert_eq!(
+            seen.len(),
+            2,
+            "the held delivery is re-sent after the restart"
+        );
         assert_eq!(seen[1].body, seen[0].body);
         p2.kill9();
         apns.stop();
-        assert!(lines.lock().unwrap().iter().any(|l| l.contains("orca_push_counters")));
-        scan(&lines, &[tok, token, h.fp.clone(), "Title held 1".into(), "Body text held 1".into()]);
+        assert!(lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("orca_push_counters")));
+        scan(
+            &lines,
+            &[
+                tok,
+                token,
+                h.fp.clone(),
+                "Title held 1".into(),
+                "Body text held 1".into(),
+            ],
+        );
     })
     .await;
 }

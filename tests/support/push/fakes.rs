@@ -123,8 +123,15 @@ impl Fake {
         self.state.lock().unwrap().seen.clone()
     }
 
+    pub fn seen_count(&self) -> usize {
+        self.state.lock().unwrap().seen.len()
+    }
+
     pub fn seen_for(&self, token: &str) -> Vec<Seen> {
-        self.seen().into_iter().filter(|s| s.token == token).collect()
+        self.seen()
+            .into_iter()
+            .filter(|s| s.token == token)
+            .collect()
     }
 
     pub fn max_open(&self, token: &str) -> usize {
@@ -263,7 +270,12 @@ async fn apns_answer(f: Fake, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_string();
     let headers = header_map(&req);
     let token = path.strip_prefix("/3/device/").unwrap_or("").to_string();
-    let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let auth = verify_apns_jwt(headers.get("authorization"));
     let answer = {
@@ -404,7 +416,12 @@ async fn fcm_answer(f: Fake, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let at = Instant::now();
     let path = req.uri().path().to_string();
     let headers = header_map(&req);
-    let raw = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let raw = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     if path == "/token" {
         let fields = form(&raw);
         let check = verify_assertion(
@@ -420,7 +437,11 @@ async fn fcm_answer(f: Fake, req: Request<Incoming>) -> Response<Full<Bytes>> {
                 .push((fields, ok, check.err().unwrap_or_default()));
             (s.token_status, s.token_body.clone())
         };
-        return respond(status, body, &[("content-type".into(), "application/json".into())]);
+        return respond(
+            status,
+            body,
+            &[("content-type".into(), "application/json".into())],
+        );
     }
     let body: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
     let token = body["message"]["token"].as_str().unwrap_or("").to_string();
