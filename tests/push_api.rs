@@ -36,7 +36,11 @@ async fn u01_u02_health_and_role() {
         };
         let d = Server::start(&t.url, o).await;
         let (st, v) = d
-            .post("/v1/host/challenge", None, json!({"v":1,"hostPublicKeyB64":Host::new().public_b64()}))
+            .post(
+                "/v1/host/challenge",
+                None,
+                json!({"v":1,"hostPublicKeyB64":Host::new().public_b64()}),
+            )
             .await;
         assert_eq!((st, v), (404, json!({"error":"push_only"})));
         let (st, _, v) = d.call(Method::GET, "/v1/devices", None, None).await;
@@ -79,7 +83,11 @@ async fn u05_to_u08_challenge_and_session() {
             String::new(),
         ] {
             let (st, v) = s
-                .post("/v1/host/challenge", None, json!({"v":1,"hostPublicKeyB64":bad}))
+                .post(
+                    "/v1/host/challenge",
+                    None,
+                    json!({"v":1,"hostPublicKeyB64":bad}),
+                )
                 .await;
             assert_eq!((st, v), (400, json!({"error":"invalid_request"})), "{bad}");
         }
@@ -112,7 +120,9 @@ async fn u05_to_u08_challenge_and_session() {
         assert_eq!(obj.len(), 3);
         let token = v["sessionToken"].as_str().unwrap();
         assert_eq!(token.len(), 43);
-        assert!(token.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+        assert!(token
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
         let exp = v["expiresAt"].as_i64().unwrap();
         assert!((exp - orca_relay::clock::now_ms() - 86_400_000).abs() < 5_000);
         assert_eq!(v["hostFingerprint"], h.fp.as_str());
@@ -188,7 +198,9 @@ async fn u09_u10_u12_proofs_and_single_session() {
         let second = a.session(&s).await;
         let (st, _, v) = s.call(Method::GET, "/v1/devices", Some(&first), None).await;
         assert_eq!((st, v), (401, json!({"error":"invalid_token"})));
-        let (st, _, _) = s.call(Method::GET, "/v1/devices", Some(&second), None).await;
+        let (st, _, _) = s
+            .call(Method::GET, "/v1/devices", Some(&second), None)
+            .await;
         assert_eq!(st, 200);
         s.stop().await;
     })
@@ -243,11 +255,19 @@ async fn u13_u14_bearers() {
                 }
                 let resp = r.send().await.unwrap();
                 let st = resp.status().as_u16();
-                (st, resp.json::<serde_json::Value>().await.unwrap_or_default())
+                (
+                    st,
+                    resp.json::<serde_json::Value>().await.unwrap_or_default(),
+                )
             }
         };
         let random = orca_relay::crypto::random_b64u32();
-        for a in [None, Some("Basic x".to_string()), Some("Bearer   ".to_string()), Some(format!("Bearer {random}"))] {
+        for a in [
+            None,
+            Some("Basic x".to_string()),
+            Some("Bearer   ".to_string()),
+            Some(format!("Bearer {random}")),
+        ] {
             assert_eq!(get(a).await, (401, json!({"error":"invalid_token"})));
         }
         let (st, _) = get(Some(format!("bearer {token}"))).await;
@@ -335,7 +355,12 @@ async fn u18_ownership() {
             let (s, tok, id) = (&s, tok.to_string(), id.to_string());
             async move {
                 let (st, _, v) = s
-                    .call(Method::DELETE, &format!("/v1/devices/{id}"), Some(&tok), None)
+                    .call(
+                        Method::DELETE,
+                        &format!("/v1/devices/{id}"),
+                        Some(&tok),
+                        None,
+                    )
                     .await;
                 (st, v)
             }
@@ -426,11 +451,10 @@ async fn u37_u38_u39_accept_rules() {
         let mut explicit = n.clone();
         explicit["kind"] = "alert".into();
         assert_eq!(s.send(&tok, &[&a], explicit).await, ["queued"]);
-        let rows = t
-            .db
-            .query("SELECT COUNT(*) FROM push_event_recipients", &[])
-            .await
-            .unwrap();
+        let rows =
+            t.db.query("SELECT COUNT(*) FROM push_event_recipients", &[])
+                .await
+                .unwrap();
         assert_eq!(rows[0].i64(0), 1, "one recipient, so one provider request");
         // U-39
         let mut past = alert("p", 1);
@@ -440,18 +464,23 @@ async fn u37_u38_u39_accept_rules() {
         assert_eq!(s.send(&tok, &[&a], dismiss("n3", 5)).await, ["queued"]);
         assert_eq!(s.send(&tok, &[&a], alert("n3", 4)).await, ["queued"]);
         let fenced = orca_relay::push::model::event_id(&h.fp, "alert", "epoch-1", 4);
-        let rows = t
-            .db
-            .query(
+        let rows =
+            t.db.query(
                 "SELECT COUNT(*) FROM push_event_recipients WHERE event_id = $1",
                 params![fenced.as_str()],
             )
             .await
             .unwrap();
-        assert_eq!(rows[0].i64(0), 0, "a fenced alert gets no recipient and no delivery");
+        assert_eq!(
+            rows[0].i64(0),
+            0,
+            "a fenced alert gets no recipient and no delivery"
+        );
         // U-38: 298 more distinct alerts fill the quota of 300 (n1 and n3 counted once each).
         for i in 0..298u64 {
-            let r = s.send(&tok, &[&a, &b], alert(&format!("q{i}"), 1000 + i)).await;
+            let r = s
+                .send(&tok, &[&a, &b], alert(&format!("q{i}"), 1000 + i))
+                .await;
             assert_eq!(r, ["queued", "queued"], "alert {i}");
         }
         assert_eq!(
@@ -459,12 +488,14 @@ async fn u37_u38_u39_accept_rules() {
             ["rate_limited", "rate_limited"]
         );
         assert_eq!(s.send(&tok, &[&a], dismiss("q0", 1000)).await, ["queued"]);
-        assert_eq!(s.send(&tok, &[&a, &b], alert("q1", 1001)).await, ["queued", "queued"]);
+        assert_eq!(
+            s.send(&tok, &[&a, &b], alert("q1", 1001)).await,
+            ["queued", "queued"]
+        );
         s.stop().await;
     })
     .await;
 }
-
 
 /// U-42: unauth-IP bucket keyed by the trusted X-Forwarded-For entry.
 #[tokio::test]
@@ -475,13 +506,25 @@ async fn u42_unauth_rate_limit() {
         let xff = "1.2.3.4, 198.51.100.7";
         for i in 0..30 {
             let (st, _, _) = s
-                .call_as(xff, Method::POST, "/v1/host/challenge", None, Some(body.clone()))
+                .call_as(
+                    xff,
+                    Method::POST,
+                    "/v1/host/challenge",
+                    None,
+                    Some(body.clone()),
+                )
                 .await;
             assert_eq!(st, 200, "call {i}");
         }
         let limited = s.counter("ip_rate_limited");
         let (st, hd, v) = s
-            .call_as(xff, Method::POST, "/v1/host/challenge", None, Some(body.clone()))
+            .call_as(
+                xff,
+                Method::POST,
+                "/v1/host/challenge",
+                None,
+                Some(body.clone()),
+            )
             .await;
         assert_eq!((st, v), (429, json!({"error":"rate_limited"})));
         let ra: u64 = hd["retry-after"].to_str().unwrap().parse().unwrap();
@@ -498,7 +541,13 @@ async fn u42_unauth_rate_limit() {
         assert_eq!(st, 429);
         assert_eq!(s.counter("ip_rate_limited"), limited + 2);
         let (st, _, _) = s
-            .call_as("198.51.100.8", Method::POST, "/v1/host/challenge", None, Some(body))
+            .call_as(
+                "198.51.100.8",
+                Method::POST,
+                "/v1/host/challenge",
+                None,
+                Some(body),
+            )
             .await;
         assert_eq!(st, 200);
         s.stop().await;
@@ -516,18 +565,26 @@ async fn u43_bearer_and_host_limits() {
         let (x, y) = ("203.0.113.10", "203.0.113.11");
         for _ in 0..30 {
             let bad = orca_relay::crypto::random_b64u32();
-            let (st, _, _) = s.call_as(x, Method::GET, "/v1/devices", Some(&bad), None).await;
+            let (st, _, _) = s
+                .call_as(x, Method::GET, "/v1/devices", Some(&bad), None)
+                .await;
             assert_eq!(st, 401);
         }
-        let (st, _, v) = s.call_as(x, Method::GET, "/v1/devices", Some(&tok), None).await;
+        let (st, _, v) = s
+            .call_as(x, Method::GET, "/v1/devices", Some(&tok), None)
+            .await;
         assert_eq!((st, v), (429, json!({"error":"rate_limited"})));
-        let (st, _, _) = s.call_as(y, Method::GET, "/v1/devices", Some(&tok), None).await;
+        let (st, _, _) = s
+            .call_as(y, Method::GET, "/v1/devices", Some(&tok), None)
+            .await;
         assert_eq!(st, 200);
         let started = std::time::Instant::now();
         let mut ok = 1u64; // the call from Y
         let mut first_429 = None;
         for i in 0..700u64 {
-            let (st, _, _) = s.call_as(y, Method::GET, "/v1/devices", Some(&tok), None).await;
+            let (st, _, _) = s
+                .call_as(y, Method::GET, "/v1/devices", Some(&tok), None)
+                .await;
             match st {
                 200 => ok += 1,
                 429 => {
@@ -540,7 +597,10 @@ async fn u43_bearer_and_host_limits() {
         let elapsed = started.elapsed().as_secs_f64();
         let call = first_429.expect("a 429 came");
         assert!(ok >= 600, "{ok}");
-        assert!((call as f64) < 600.0 + 10.0 * elapsed + 2.0, "{call} after {elapsed}s");
+        assert!(
+            (call as f64) < 600.0 + 10.0 * elapsed + 2.0,
+            "{call} after {elapsed}s"
+        );
         s.stop().await;
     })
     .await;
@@ -552,17 +612,26 @@ async fn u45_body_limits() {
     run_all(|t| async move {
         let s = server(&t).await;
         let big = "x".repeat(16385);
-        let (st, _, v) = s.call(Method::POST, "/v1/host/challenge", None, Some(big)).await;
+        let (st, _, v) = s
+            .call(Method::POST, "/v1/host/challenge", None, Some(big))
+            .await;
         assert_eq!((st, v), (413, json!({"error":"request_too_large"})));
         // Chunked: no Content-Length.
         let chunks: Vec<Result<hyper::body::Frame<bytes::Bytes>, std::io::Error>> = (0..20)
-            .map(|_| Ok(hyper::body::Frame::data(bytes::Bytes::from(vec![b' '; 1000]))))
+            .map(|_| {
+                Ok(hyper::body::Frame::data(bytes::Bytes::from(vec![
+                    b' ';
+                    1000
+                ])))
+            })
             .collect();
         let resp = s
             .client
             .post(format!("{}/v1/host/challenge", s.base))
             .header("x-forwarded-for", &s.xff)
-            .body(reqwest::Body::wrap(http_body_util::StreamBody::new(futures_util::stream::iter(chunks))))
+            .body(reqwest::Body::wrap(http_body_util::StreamBody::new(
+                futures_util::stream::iter(chunks),
+            )))
             .send()
             .await
             .unwrap();
@@ -570,7 +639,9 @@ async fn u45_body_limits() {
         let mut padded = json!({"v":1,"hostPublicKeyB64":Host::new().public_b64()}).to_string();
         padded.push_str(&" ".repeat(16384 - padded.len()));
         assert_eq!(padded.len(), 16384);
-        let (st, _, _) = s.call(Method::POST, "/v1/host/challenge", None, Some(padded)).await;
+        let (st, _, _) = s
+            .call(Method::POST, "/v1/host/challenge", None, Some(padded))
+            .await;
         assert_eq!(st, 200);
         let (st, _, v) = s
             .call(Method::POST, "/v1/send", None, Some("y".repeat(20000)))
@@ -587,7 +658,10 @@ async fn shutting_down_refuses() {
     let t = orca_relay::store::testing::TestDb::sqlite().await;
     let s = server(&t).await;
     s.running().ctx.shutdown.cancel();
-    let fresh = reqwest::Client::builder().pool_max_idle_per_host(0).build().unwrap();
+    let fresh = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
     let resp = fresh
         .get(format!("{}/v1/devices", s.base))
         .header("authorization", "Bearer x")

@@ -48,11 +48,17 @@ async fn world(t: &orca_relay::store::testing::TestDb) -> World {
 impl World {
     async fn ios(&self, device: &str) -> (String, String) {
         let token = ios_token();
-        (self.s.register(&self.tok, device, "ios", &token).await, token)
+        (
+            self.s.register(&self.tok, device, "ios", &token).await,
+            token,
+        )
     }
     async fn android(&self, device: &str) -> (String, String) {
         let token = android_token();
-        (self.s.register(&self.tok, device, "android", &token).await, token)
+        (
+            self.s.register(&self.tok, device, "android", &token).await,
+            token,
+        )
     }
     async fn send(&self, ids: &[&str], n: Value) -> Vec<String> {
         self.s.send(&self.tok, ids, n).await
@@ -225,7 +231,10 @@ async fn u25_token_endpoint_failure() {
         assert_eq!(w.send(&[&id], alert("t1", 1)).await, ["queued"]);
         // Let it fail for 3 s, then heal.
         tokio::time::sleep(Duration::from_secs(3)).await;
-        assert!(w.fcm.seen_for(&token).is_empty(), "no FCM request while the token fails");
+        assert!(
+            w.fcm.seen_for(&token).is_empty(),
+            "no FCM request while the token fails"
+        );
         assert!(!w.fcm.token_requests().is_empty());
         w.fcm.set_token_endpoint(
             200,
@@ -257,7 +266,10 @@ async fn u26_u27_apns_dead_tokens() {
     run_all(|t| async move {
         let w = world(&t).await;
         let (id, token) = w.ios("d1").await;
-        w.apns.script(&token, vec![Answer::status(410, r#"{"reason":"Unregistered"}"#)]);
+        w.apns.script(
+            &token,
+            vec![Answer::status(410, r#"{"reason":"Unregistered"}"#)],
+        );
         assert_eq!(w.send(&[&id], alert("n1", 1)).await, ["queued"]);
         assert!(eventually(DELIVERED, || async { device_dead(&w, &id).await }).await);
         assert_eq!(w.send(&[&id], alert("n2", 2)).await, ["dead"]);
@@ -266,20 +278,39 @@ async fn u26_u27_apns_dead_tokens() {
         // U-27
         let (b, btok) = w.ios("d2").await;
         let (c, ctok) = w.ios("d3").await;
-        w.apns.script(&btok, vec![Answer::status(400, r#"{"reason":"BadDeviceToken"}"#)]);
-        w.apns.script(&ctok, vec![Answer::status(400, r#"{"reason":"DeviceTokenNotForTopic"}"#)]);
+        w.apns.script(
+            &btok,
+            vec![Answer::status(400, r#"{"reason":"BadDeviceToken"}"#)],
+        );
+        w.apns.script(
+            &ctok,
+            vec![Answer::status(
+                400,
+                r#"{"reason":"DeviceTokenNotForTopic"}"#,
+            )],
+        );
         let errors = w.s.counter("delivery_error");
-        assert_eq!(w.send(&[&b, &c], alert("n3", 3)).await, ["queued", "queued"]);
+        assert_eq!(
+            w.send(&[&b, &c], alert("n3", 3)).await,
+            ["queued", "queued"]
+        );
         assert!(eventually(DELIVERED, || async { device_dead(&w, &b).await }).await);
-        assert!(eventually(DELIVERED, || async { w.s.counter("delivery_error") > errors }).await);
+        assert!(
+            eventually(DELIVERED, || async {
+                w.s.counter("delivery_error") > errors
+            })
+            .await
+        );
         assert!(!device_dead(&w, &c).await);
         assert_eq!(w.s.counter("delivery_error"), errors + 1);
         tokio::time::sleep(Duration::from_millis(2500)).await;
         assert_eq!(w.apns.seen_for(&ctok).len(), 1, "not retried");
         let host = orca_relay::logging::digest(&w.h.fp);
-        assert!(logs().iter().any(|l| l.contains("orca_push_delivery_failed")
-            && l.contains("DeviceTokenNotForTopic")
-            && l.contains(&format!("\"host\":\"{host}\""))));
+        assert!(logs()
+            .iter()
+            .any(|l| l.contains("orca_push_delivery_failed")
+                && l.contains("DeviceTokenNotForTopic")
+                && l.contains(&format!("\"host\":\"{host}\""))));
         assert_logs_clean(&w.secrets(&[&token, &btok, &ctok]));
         w.stop().await;
     })
@@ -315,7 +346,10 @@ async fn u29_stale_outcome() {
         let w = world(&t).await;
         let (id, t1) = w.ios("d1").await;
         let hold = CancellationToken::new();
-        w.apns.script(&t1, vec![Answer::status(410, r#"{"reason":"Unregistered"}"#).hold(hold.clone())]);
+        w.apns.script(
+            &t1,
+            vec![Answer::status(410, r#"{"reason":"Unregistered"}"#).hold(hold.clone())],
+        );
         assert_eq!(w.send(&[&id], alert("n1", 1)).await, ["queued"]);
         assert_eq!(w.apns.wait_for(&t1, 1, DELIVERED).await.len(), 1);
         let t2 = ios_token();
@@ -337,13 +371,19 @@ async fn u30_retry_backoff() {
     run_all(|t| async move {
         let w = world(&t).await;
         let (id, token) = w.ios("d1").await;
-        w.apns.script(&token, vec![Answer::status(503, r#"{"reason":"ServiceUnavailable"}"#)]);
+        w.apns.script(
+            &token,
+            vec![Answer::status(503, r#"{"reason":"ServiceUnavailable"}"#)],
+        );
         let retries = w.s.counter("delivery_retry");
         assert_eq!(w.send(&[&id], alert("n1", 1)).await, ["queued"]);
         let seen = w.apns.wait_for(&token, 2, Duration::from_secs(8)).await;
         assert_eq!(seen.len(), 2);
         let gap = seen[1].at - seen[0].answered_at.unwrap();
-        assert!(gap >= Duration::from_millis(1900) && gap <= Duration::from_millis(3500), "{gap:?}");
+        assert!(
+            gap >= Duration::from_millis(1900) && gap <= Duration::from_millis(3500),
+            "{gap:?}"
+        );
         assert_eq!(seen[1].status, 200);
         assert_eq!(w.s.counter("delivery_retry"), retries + 1);
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -360,9 +400,18 @@ async fn u31_retry_after() {
         let w = world(&t).await;
         let (id, token) = w.ios("d1").await;
         let (aid, atok) = w.android("a1").await;
-        w.apns.script(&token, vec![Answer::status(429, r#"{"reason":"TooManyRequests"}"#).header("retry-after", "5")]);
-        w.fcm.script(&atok, vec![Answer::status(503, r#"{"error":{"status":"UNAVAILABLE"}}"#)]);
-        assert_eq!(w.send(&[&id, &aid], alert("n1", 1)).await, ["queued", "queued"]);
+        w.apns.script(
+            &token,
+            vec![Answer::status(429, r#"{"reason":"TooManyRequests"}"#).header("retry-after", "5")],
+        );
+        w.fcm.script(
+            &atok,
+            vec![Answer::status(503, r#"{"error":{"status":"UNAVAILABLE"}}"#)],
+        );
+        assert_eq!(
+            w.send(&[&id, &aid], alert("n1", 1)).await,
+            ["queued", "queued"]
+        );
         let (a, f) = tokio::join!(
             w.apns.wait_for(&token, 2, Duration::from_secs(9)),
             w.fcm.wait_for(&atok, 2, Duration::from_secs(14))
@@ -390,7 +439,11 @@ async fn u32_expiry() {
         let db = t.db.clone();
         assert!(
             eventually(Duration::from_secs(10), || async {
-                db.query("SELECT COUNT(*) FROM push_deliveries", &[]).await.unwrap()[0].i64(0) == 0
+                db.query("SELECT COUNT(*) FROM push_deliveries", &[])
+                    .await
+                    .unwrap()[0]
+                    .i64(0)
+                    == 0
             })
             .await
         );
@@ -408,7 +461,10 @@ async fn u33_u34_one_in_flight_per_registration() {
         let w = world(&t).await;
         let (a, atok) = w.ios("a").await;
         let (b, btok) = w.ios("b").await;
-        w.apns.script(&atok, vec![Answer::status(200, "").delay(Duration::from_secs(1))]);
+        w.apns.script(
+            &atok,
+            vec![Answer::status(200, "").delay(Duration::from_secs(1))],
+        );
         assert_eq!(w.send(&[&a], alert("a1", 1)).await, ["queued"]);
         tokio::time::sleep(Duration::from_millis(2)).await;
         assert_eq!(w.send(&[&a], alert("a2", 2)).await, ["queued"]);
@@ -417,8 +473,14 @@ async fn u33_u34_one_in_flight_per_registration() {
         let sb = w.apns.wait_for(&btok, 1, DELIVERED).await;
         assert_eq!(sa.len(), 2);
         assert_eq!(sa[0].body["orca"]["notificationId"], "a1");
-        assert!(sa[1].at >= sa[0].answered_at.unwrap(), "a2 after a1's answer");
-        assert!(sb[0].at < sa[0].answered_at.unwrap(), "b1 before a1's answer");
+        assert!(
+            sa[1].at >= sa[0].answered_at.unwrap(),
+            "a2 after a1's answer"
+        );
+        assert!(
+            sb[0].at < sa[0].answered_at.unwrap(),
+            "b1 before a1's answer"
+        );
         assert_eq!(w.apns.max_open(&atok), 1);
         // U-34
         let (c, ctok) = w.ios("c").await;
@@ -428,7 +490,10 @@ async fn u33_u34_one_in_flight_per_registration() {
         assert_eq!(w.send(&[&c], alert("c2", 5)).await, ["queued"]);
         let sc = w.apns.wait_for(&ctok, 3, Duration::from_secs(8)).await;
         assert_eq!(sc.len(), 3);
-        assert_eq!(sc[1].body["orca"]["notificationId"], "c2", "c2 before c1's retry");
+        assert_eq!(
+            sc[1].body["orca"]["notificationId"], "c2",
+            "c2 before c1's retry"
+        );
         assert_eq!(sc[2].body["orca"]["notificationId"], "c1");
         w.stop().await;
     })
@@ -442,7 +507,8 @@ async fn u35_u36_u37_dismissal_and_idempotency() {
         let w = world(&t).await;
         let (a, atok) = w.ios("a").await;
         let hold = CancellationToken::new();
-        w.apns.script(&atok, vec![Answer::status(200, "").hold(hold.clone())]);
+        w.apns
+            .script(&atok, vec![Answer::status(200, "").hold(hold.clone())]);
         assert_eq!(w.send(&[&a], alert("n1", 1)).await, ["queued"]);
         assert_eq!(w.apns.wait_for(&atok, 1, DELIVERED).await.len(), 1);
         assert_eq!(w.send(&[&a], alert("n2", 2)).await, ["queued"]);
@@ -451,7 +517,12 @@ async fn u35_u36_u37_dismissal_and_idempotency() {
         let seen = w.apns.wait_for(&atok, 2, DELIVERED).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let seen_all = w.apns.seen_for(&atok);
-        assert_eq!(seen_all.len(), 2, "{:?}", seen_all.iter().map(|s| s.body.clone()).collect::<Vec<_>>());
+        assert_eq!(
+            seen_all.len(),
+            2,
+            "{:?}",
+            seen_all.iter().map(|s| s.body.clone()).collect::<Vec<_>>()
+        );
         assert_eq!(seen[0].body["orca"]["notificationId"], "n1");
         assert_eq!(seen[1].body["orca"]["notificationId"], "n2");
         assert_eq!(seen[1].body["orca"]["kind"], "dismiss");
@@ -494,7 +565,9 @@ async fn u46_apns_not_configured() {
         assert_eq!(s.send(&tok, &[&id], alert("n1", 1)).await, ["queued"]);
         assert!(eventually(DELIVERED, || async { s.counter("delivery_error") > errors }).await);
         let digest = orca_relay::logging::digest(&h.fp);
-        assert!(logs().iter().any(|l| l.contains("apns_not_configured") && l.contains(&digest)));
+        assert!(logs()
+            .iter()
+            .any(|l| l.contains("apns_not_configured") && l.contains(&digest)));
         assert_eq!(s.devices(&tok).await[0]["dead"], false);
         s.stop().await;
     })
@@ -519,20 +592,32 @@ async fn u41_two_processes() {
     let mut devs = Vec::new();
     for i in 0..5 {
         let token = ios_token();
-        apns.default_answer(&token, Answer::status(200, "").delay(Duration::from_millis(20)));
-        devs.push((p1.register(&tok, &format!("d{i}"), "ios", &token).await, token));
+        apns.default_answer(
+            &token,
+            Answer::status(200, "").delay(Duration::from_millis(20)),
+        );
+        devs.push((
+            p1.register(&tok, &format!("d{i}"), "ios", &token).await,
+            token,
+        ));
     }
     for k in 0..10u64 {
         for (i, (id, _)) in devs.iter().enumerate() {
             let p = if (k as usize + i) % 2 == 0 { &p1 } else { &p2 };
-            assert_eq!(p.send(&tok, &[id], alert(&format!("m{k}"), k)).await, ["queued"]);
+            assert_eq!(
+                p.send(&tok, &[id], alert(&format!("m{k}"), k)).await,
+                ["queued"]
+            );
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     for (_, token) in &devs {
         let seen = apns.wait_for(token, 10, Duration::from_secs(10)).await;
         assert_eq!(seen.len(), 10);
-        let seqs: Vec<i64> = seen.iter().map(|s| s.body["orca"]["notificationSeq"].as_i64().unwrap()).collect();
+        let seqs: Vec<i64> = seen
+            .iter()
+            .map(|s| s.body["orca"]["notificationSeq"].as_i64().unwrap())
+            .collect();
         assert_eq!(seqs, (0..10).collect::<Vec<_>>(), "per-token send order");
         assert_eq!(apns.max_open(token), 1);
     }

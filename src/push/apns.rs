@@ -150,7 +150,12 @@ impl Apns {
             Ok(b) => b,
             Err(e) => return transport_outcome(&e),
         };
-        let outcome = classify(status, &bytes, retry_after.as_deref(), crate::clock::now_ms());
+        let outcome = classify(
+            status,
+            &bytes,
+            retry_after.as_deref(),
+            crate::clock::now_ms(),
+        );
         if let Outcome::Error { reason, .. } = &outcome {
             if reason == "ExpiredProviderToken" {
                 self.drop_token();
@@ -250,14 +255,48 @@ mod tests {
     #[test]
     fn classification() {
         assert_eq!(classify(200, b"", None, 0), Outcome::Sent);
-        assert!(matches!(classify(410, br#"{"reason":"Unregistered"}"#, None, 0), Outcome::Dead { reason, .. } if reason == "Unregistered"));
-        assert!(matches!(classify(410, b"", None, 0), Outcome::Dead { reason, .. } if reason == "unknown"));
-        assert!(matches!(classify(400, br#"{"reason":"BadDeviceToken"}"#, None, 0), Outcome::Dead { .. }));
-        assert!(matches!(classify(400, br#"{"reason":"DeviceTokenNotForTopic"}"#, None, 0), Outcome::Error { retryable: false, .. }));
-        assert!(matches!(classify(403, br#"{"reason":"ExpiredProviderToken"}"#, None, 0), Outcome::Error { retryable: true, .. }));
-        assert!(matches!(classify(429, b"{}", Some("5"), 0), Outcome::Error { retryable: true, retry_after_ms: Some(5000), .. }));
-        assert!(matches!(classify(503, b"<html>", None, 0), Outcome::Error { reason, retryable: true, .. } if reason == "unparseable"));
-        assert!(matches!(classify(404, b"", None, 0), Outcome::Error { retryable: false, .. }));
+        assert!(
+            matches!(classify(410, br#"{"reason":"Unregistered"}"#, None, 0), Outcome::Dead { reason, .. } if reason == "Unregistered")
+        );
+        assert!(
+            matches!(classify(410, b"", None, 0), Outcome::Dead { reason, .. } if reason == "unknown")
+        );
+        assert!(matches!(
+            classify(400, br#"{"reason":"BadDeviceToken"}"#, None, 0),
+            Outcome::Dead { .. }
+        ));
+        assert!(matches!(
+            classify(400, br#"{"reason":"DeviceTokenNotForTopic"}"#, None, 0),
+            Outcome::Error {
+                retryable: false,
+                ..
+            }
+        ));
+        assert!(matches!(
+            classify(403, br#"{"reason":"ExpiredProviderToken"}"#, None, 0),
+            Outcome::Error {
+                retryable: true,
+                ..
+            }
+        ));
+        assert!(matches!(
+            classify(429, b"{}", Some("5"), 0),
+            Outcome::Error {
+                retryable: true,
+                retry_after_ms: Some(5000),
+                ..
+            }
+        ));
+        assert!(
+            matches!(classify(503, b"<html>", None, 0), Outcome::Error { reason, retryable: true, .. } if reason == "unparseable")
+        );
+        assert!(matches!(
+            classify(404, b"", None, 0),
+            Outcome::Error {
+                retryable: false,
+                ..
+            }
+        ));
     }
 
     #[test]

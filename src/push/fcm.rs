@@ -162,7 +162,12 @@ impl Fcm {
             Err(e) if e.is_timeout() => return Outcome::error("fcm_timeout", None, true),
             Err(_) => return Outcome::error("fcm_transport_error", None, true),
         };
-        let outcome = classify(status, &bytes, retry_after.as_deref(), crate::clock::now_ms());
+        let outcome = classify(
+            status,
+            &bytes,
+            retry_after.as_deref(),
+            crate::clock::now_ms(),
+        );
         if status == 401 {
             self.drop_token().await;
         }
@@ -287,11 +292,42 @@ mod tests {
     #[test]
     fn classification() {
         assert_eq!(classify(200, b"{}", None, 0), Outcome::Sent);
-        assert!(matches!(classify(404, br#"{"error":{"status":"NOT_FOUND","details":[{"errorCode":"UNREGISTERED"}]}}"#, None, 0), Outcome::Dead { reason, .. } if reason == "UNREGISTERED"));
-        assert!(matches!(classify(400, br#"{"error":{"status":"INVALID_ARGUMENT","message":"The registration Token is not valid"}}"#, None, 0), Outcome::Dead { reason, .. } if reason == "INVALID_ARGUMENT"));
-        assert!(matches!(classify(400, br#"{"error":{"status":"INVALID_ARGUMENT","message":"bad ttl"}}"#, None, 0), Outcome::Error { retryable: false, .. }));
-        assert!(matches!(classify(429, b"", Some("1"), 0), Outcome::Error { retryable: true, retry_after_ms: Some(60_000), .. }));
-        assert!(matches!(classify(503, b"", Some("20"), 0), Outcome::Error { retryable: true, retry_after_ms: Some(20_000), .. }));
-        assert!(matches!(classify(401, br#"{"error":{"status":"UNAUTHENTICATED"}}"#, None, 0), Outcome::Error { retryable: true, reason, .. } if reason == "UNAUTHENTICATED"));
+        assert!(
+            matches!(classify(404, br#"{"error":{"status":"NOT_FOUND","details":[{"errorCode":"UNREGISTERED"}]}}"#, None, 0), Outcome::Dead { reason, .. } if reason == "UNREGISTERED")
+        );
+        assert!(
+            matches!(classify(400, br#"{"error":{"status":"INVALID_ARGUMENT","message":"The registration Token is not valid"}}"#, None, 0), Outcome::Dead { reason, .. } if reason == "INVALID_ARGUMENT")
+        );
+        assert!(matches!(
+            classify(
+                400,
+                br#"{"error":{"status":"INVALID_ARGUMENT","message":"bad ttl"}}"#,
+                None,
+                0
+            ),
+            Outcome::Error {
+                retryable: false,
+                ..
+            }
+        ));
+        assert!(matches!(
+            classify(429, b"", Some("1"), 0),
+            Outcome::Error {
+                retryable: true,
+                retry_after_ms: Some(60_000),
+                ..
+            }
+        ));
+        assert!(matches!(
+            classify(503, b"", Some("20"), 0),
+            Outcome::Error {
+                retryable: true,
+                retry_after_ms: Some(20_000),
+                ..
+            }
+        ));
+        assert!(
+            matches!(classify(401, br#"{"error":{"status":"UNAUTHENTICATED"}}"#, None, 0), Outcome::Error { retryable: true, reason, .. } if reason == "UNAUTHENTICATED")
+        );
     }
 }

@@ -20,7 +20,11 @@ const CHALLENGE_PRUNE_LAG_MS: i64 = 30_000;
 
 pub fn spawn_prune(ctx: Ctx, stop: CancellationToken) {
     let every = |secs: u64| Duration::from_secs(secs);
-    for (name, interval) in [("challenges", every(60)), ("sessions", every(600)), ("deliveries", every(60))] {
+    for (name, interval) in [
+        ("challenges", every(60)),
+        ("sessions", every(600)),
+        ("deliveries", every(60)),
+    ] {
         let ctx = ctx.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
@@ -77,7 +81,11 @@ pub async fn sweep(ctx: &Ctx, job: &str) -> Result<(), (&'static str, crate::sto
 }
 
 /// Up to 50 batches; true when the last batch was full.
-async fn prune_table(ctx: &Ctx, t: &PruneTarget, bound: i64) -> Result<bool, crate::store::DbError> {
+async fn prune_table(
+    ctx: &Ctx,
+    t: &PruneTarget,
+    bound: i64,
+) -> Result<bool, crate::store::DbError> {
     for _ in 0..MAX_BATCHES {
         let n = store::prune_target(&ctx.db, t, bound, BATCH).await?;
         if n < BATCH as u64 {

@@ -346,7 +346,11 @@ impl Notification {
 }
 
 pub fn event_id(fp: &str, kind: &str, epoch: &str, seq: u64) -> String {
-    sha256_hex(serde_json::json!([fp, kind, epoch, seq]).to_string().as_bytes())
+    sha256_hex(
+        serde_json::json!([fp, kind, epoch, seq])
+            .to_string()
+            .as_bytes(),
+    )
 }
 
 pub fn collapse_id(fp: &str, id: Option<&str>, epoch: &str, seq: u64) -> String {
@@ -420,10 +424,7 @@ mod tests {
         let m = parse(w).unwrap();
         assert_eq!(n.content_fingerprint(), m.content_fingerprint());
         assert_eq!(n.event_id("fp"), m.event_id("fp"));
-        assert_eq!(
-            Notification::from_payload(&n.canonical_json()).unwrap(),
-            n
-        );
+        assert_eq!(Notification::from_payload(&n.canonical_json()).unwrap(), n);
     }
 
     #[test]
@@ -466,11 +467,18 @@ mod tests {
                 .and_then(DeviceRequest::validate)
         };
         assert!(d(serde_json::json!({"v":1,"deviceId":"d","platform":"ios","token":"ab","apnsEnvironment":"sandbox"})).is_some());
-        assert!(d(serde_json::json!({"v":1,"deviceId":"d","platform":"ios","token":"ab"})).is_none());
+        assert!(
+            d(serde_json::json!({"v":1,"deviceId":"d","platform":"ios","token":"ab"})).is_none()
+        );
         assert!(d(serde_json::json!({"v":1,"deviceId":"d","platform":"ios","token":"abc","apnsEnvironment":"sandbox"})).is_none());
         let tok = "a".repeat(32);
-        assert!(d(serde_json::json!({"v":1,"deviceId":"d","platform":"android","token":tok})).is_some());
+        assert!(
+            d(serde_json::json!({"v":1,"deviceId":"d","platform":"android","token":tok})).is_some()
+        );
         assert!(d(serde_json::json!({"v":1,"deviceId":"d","platform":"android","token":tok,"apnsEnvironment":null})).is_none());
-        assert!(d(serde_json::json!({"v":1,"deviceId":"d","platform":"android","token":"a".repeat(31)})).is_none());
+        assert!(d(
+            serde_json::json!({"v":1,"deviceId":"d","platform":"android","token":"a".repeat(31)})
+        )
+        .is_none());
     }
 }

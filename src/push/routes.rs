@@ -2,6 +2,8 @@
 //! limit after the bearer, strict parsing, and one handler per route. Every path answers a concrete
 //! response; nothing here rejects through warp except paths that are not push paths.
 
+#![allow(clippy::result_large_err)] // handlers answer whole responses by design
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -265,9 +267,16 @@ impl Push {
         };
         let fp = relay_host_id(&host_public);
         let now = now_ms();
-        let (resp, hash) = issue_push_challenge(&self.ctx.config.push.public_url, &host_public, now);
-        store::insert_challenge(&self.ctx.db, &resp.challenge_id, &fp, &hash, resp.expires_at)
-            .await?;
+        let (resp, hash) =
+            issue_push_challenge(&self.ctx.config.push.public_url, &host_public, now);
+        store::insert_challenge(
+            &self.ctx.db,
+            &resp.challenge_id,
+            &fp,
+            &hash,
+            resp.expires_at,
+        )
+        .await?;
         self.count("challenge_issued");
         Ok(h::json(StatusCode::OK, &resp))
     }

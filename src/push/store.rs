@@ -38,7 +38,9 @@ pub async fn insert_challenge(
 #[derive(Debug, PartialEq, Eq)]
 pub enum Verify {
     /// Session created for this fingerprint.
-    Ok { fp: String },
+    Ok {
+        fp: String,
+    },
     UnknownChallenge,
     InvalidProof,
 }
@@ -183,7 +185,12 @@ pub async fn list_devices(
 
 /// True when the caller's registration was deleted (its pending deliveries go with it, except one
 /// already leased, which finishes on its own).
-pub async fn delete_device(db: &Db, fp: &str, registration_id: &str, now: i64) -> Result<bool, DbError> {
+pub async fn delete_device(
+    db: &Db,
+    fp: &str,
+    registration_id: &str,
+    now: i64,
+) -> Result<bool, DbError> {
     transaction!(db, "push_device_delete", |tx| {
         tx.scope_lock(&format!("orca-push-device-cap:{fp}")).await?;
         let n = tx
@@ -204,7 +211,11 @@ pub async fn delete_device(db: &Db, fp: &str, registration_id: &str, now: i64) -
 }
 
 /// The caller's registration for a send: `None` unknown, `Some(dead)`.
-pub async fn device_state(db: &Db, fp: &str, registration_id: &str) -> Result<Option<bool>, DbError> {
+pub async fn device_state(
+    db: &Db,
+    fp: &str,
+    registration_id: &str,
+) -> Result<Option<bool>, DbError> {
     let rows = db
         .query(
             "SELECT dead_at FROM push_devices WHERE registration_id = $1 AND host_fingerprint = $2",
@@ -241,7 +252,10 @@ pub async fn device_target(db: &Db, registration_id: &str) -> Result<Option<Targ
 /// Rows of devices with `dead_at` set (admin overview).
 pub async fn dead_registrations(db: &Db) -> Result<i64, DbError> {
     let rows = db
-        .query("SELECT COUNT(*) FROM push_devices WHERE dead_at IS NOT NULL", &[])
+        .query(
+            "SELECT COUNT(*) FROM push_devices WHERE dead_at IS NOT NULL",
+            &[],
+        )
         .await?;
     Ok(rows.first().map(|r| r.i64(0)).unwrap_or(0))
 }
@@ -438,7 +452,9 @@ async fn claim_in(tx: &mut Tx, now: i64) -> Result<Option<Claimed>, DbError> {
             params.push(Value::Text(r.clone()));
             sql.push_str(&format!(" AND d.registration_id <> ${}", params.len()));
         }
-        sql.push_str(" ORDER BY d.due_at, d.created_at, d.delivery_id LIMIT 1 FOR UPDATE SKIP LOCKED");
+        sql.push_str(
+            " ORDER BY d.due_at, d.created_at, d.delivery_id LIMIT 1 FOR UPDATE SKIP LOCKED",
+        );
         let Some(c) = tx.query_opt(&sql, &params).await? else {
             return Ok(None);
         };
@@ -671,12 +687,19 @@ pub async fn prune_composite(db: &Db, before: i64, batch: i64) -> Result<u64, Db
     Ok(total)
 }
 
-pub async fn prune_target(db: &Db, t: &PruneTarget, bound: i64, batch: i64) -> Result<u64, DbError> {
+pub async fn prune_target(
+    db: &Db,
+    t: &PruneTarget,
+    bound: i64,
+    batch: i64,
+) -> Result<u64, DbError> {
     prune_batch(db, t.table, t.key, t.cond, bound, batch).await
 }
 
 /// Test and crash-recovery helper: pending delivery rows.
 pub async fn pending_count(db: &Db) -> Result<i64, DbError> {
-    let rows = db.query("SELECT COUNT(*) FROM push_deliveries", &[]).await?;
+    let rows = db
+        .query("SELECT COUNT(*) FROM push_deliveries", &[])
+        .await?;
     Ok(rows.first().map(|r| r.i64(0)).unwrap_or(0))
 }

@@ -163,13 +163,7 @@ impl Worker {
     }
 
     /// The provider call with lease renewal every 10 s.
-    async fn call_provider(
-        &self,
-        c: &Claimed,
-        n: &Notification,
-        t: &Target,
-        env: &str,
-    ) -> Outcome {
+    async fn call_provider(&self, c: &Claimed, n: &Notification, t: &Target, env: &str) -> Outcome {
         let fp = &c.host_fingerprint;
         let call = async {
             if t.platform == "ios" {
@@ -185,7 +179,8 @@ impl Worker {
             }
         };
         tokio::pin!(call);
-        let mut renew = tokio::time::interval_at(tokio::time::Instant::now() + RENEW_EVERY, RENEW_EVERY);
+        let mut renew =
+            tokio::time::interval_at(tokio::time::Instant::now() + RENEW_EVERY, RENEW_EVERY);
         loop {
             tokio::select! {
                 out = &mut call => return out,

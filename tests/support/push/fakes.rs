@@ -123,8 +123,15 @@ impl Fake {
         self.state.lock().unwrap().seen.clone()
     }
 
+    pub fn seen_count(&self) -> usize {
+        self.state.lock().unwrap().seen.len()
+    }
+
     pub fn seen_for(&self, token: &str) -> Vec<Seen> {
-        self.seen().into_iter().filter(|s| s.token == token).collect()
+        self.seen()
+            .into_iter()
+            .filter(|s| s.token == token)
+            .collect()
     }
 
     pub fn max_open(&self, token: &str) -> usize {
@@ -263,7 +270,12 @@ async fn apns_answer(f: Fake, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_string();
     let headers = header_map(&req);
     let token = path.strip_prefix("/3/device/").unwrap_or("").to_string();
-    let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let auth = verify_apns_jwt(headers.get("authorization"));
     let answer = {
@@ -298,17 +310,35 @@ async fn apns_answer(f: Fake, req: Request<Incoming>) -> Response<Full<Bytes>> {
     finish_answer(&f, &token, at, answer).await
 }
 
+/// Counts a stream as closed when its handler ends, even if the connection died and hyper dropped
+/// the handler unfinished.
+struct OpenGuard {
+    state: Arc<Mutex<State>>,
+    token: String,
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(o) = s.open.get_mut(&self.token) {
+            *o -= 1;
+        }
+    }
+}
+
 async fn finish_answer(f: &Fake, token: &str, at: Instant, a: Answer) -> Response<Full<Bytes>> {
+    let guard = OpenGuard {
+        state: f.state.clone(),
+        token: token.to_string(),
+    };
     if !a.delay.is_zero() {
         tokio::time::sleep(a.delay).await;
     }
     if let Some(h) = &a.hold {
         h.cancelled().await;
     }
+    drop(guard);
     let mut s = f.state.lock().unwrap();
-    if let Some(o) = s.open.get_mut(token) {
-        *o -= 1;
-    }
     if let Some(seen) = s
         .seen
         .iter_mut()
@@ -386,7 +416,12 @@ async fn fcm_answer(f: Fake, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let at = Instant::now();
     let path = req.uri().path().to_string();
     let headers = header_map(&req);
-    let raw = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let raw = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     if path == "/token" {
         let fields = form(&raw);
         let check = verify_assertion(
@@ -402,7 +437,11 @@ async fn fcm_answer(f: Fake, req: Request<Incoming>) -> Response<Full<Bytes>> {
                 .push((fields, ok, check.err().unwrap_or_default()));
             (s.token_status, s.token_body.clone())
         };
-        return respond(status, body, &[("content-type".into(), "application/json".into())]);
+        return respond(
+            status,
+            body,
+            &[("content-type".into(), "application/json".into())],
+        );
     }
     let body: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
     let token = body["message"]["token"].as_str().unwrap_or("").to_string();

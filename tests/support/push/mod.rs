@@ -37,7 +37,10 @@ impl log::Log for Capture {
             if std::env::var("PUSH_TEST_LOGS").is_ok() {
                 eprintln!("{line}");
             }
-            LOGS.get_or_init(Default::default).lock().unwrap().push(line);
+            LOGS.get_or_init(Default::default)
+                .lock()
+                .unwrap()
+                .push(line);
         }
     }
     fn flush(&self) {}
@@ -240,7 +243,13 @@ impl Server {
         (s, v)
     }
 
-    pub async fn register(&self, bearer: &str, device: &str, platform: &str, token: &str) -> String {
+    pub async fn register(
+        &self,
+        bearer: &str,
+        device: &str,
+        platform: &str,
+        token: &str,
+    ) -> String {
         let mut body = json!({"v":1,"deviceId":device,"platform":platform,"token":token});
         if platform == "ios" {
             body["apnsEnvironment"] = "sandbox".into();
@@ -297,7 +306,11 @@ pub fn ios_token() -> String {
 }
 
 pub fn android_token() -> String {
-    format!("fcm-{}:{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
+    format!(
+        "fcm-{}:{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
 }
 
 // ------------------------------------------------------------------ host helper H
@@ -338,13 +351,9 @@ impl Host {
 
     /// Opens the box with the §3.2 checks and returns `proofB64`.
     pub fn answer(&self, s: &Server, c: &PushChallengeResponse) -> String {
-        let proof = answer_push_challenge(
-            &self.key.secret,
-            &s.base,
-            c,
-            orca_relay::clock::now_ms(),
-        )
-        .expect("challenge checks");
+        let proof =
+            answer_push_challenge(&self.key.secret, &s.base, c, orca_relay::clock::now_ms())
+                .expect("challenge checks");
         std_encode(&proof)
     }
 
