@@ -1,6 +1,11 @@
 //! The cell role: the three WebSocket legs, host sessions, phone admission and splicing
 //! (protocol.md).
 
+pub mod admission;
+pub mod ledger;
+pub mod splice;
+pub mod ws;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 

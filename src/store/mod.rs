@@ -12,6 +12,7 @@
 //! decisions are pure functions in the role modules, fed with rows read here.
 
 pub mod assignments;
+pub mod credentials;
 mod backend;
 pub mod migrate;
 mod postgres;
