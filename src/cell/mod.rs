@@ -13,12 +13,14 @@ pub mod admission;
 pub mod control;
 pub mod drain;
 pub mod frames;
+pub mod heartbeat;
 pub mod legs;
 pub mod ledger;
 pub mod phone;
 pub mod renew;
 pub mod session;
 pub mod splice;
+pub mod testkit;
 pub mod ws;
 
 use std::net::SocketAddr;
