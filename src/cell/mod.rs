@@ -1,55 +1,222 @@
 //! The cell role: the three WebSocket legs, host sessions, phone admission and splicing
 //! (protocol.md).
+//!
+//! - [`legs`]: upgrade gates (raw refusals) and dispatch to the leg handlers.
+//! - [`admission`], [`ledger`]: pure pre-auth and connection-ledger bookkeeping.
+//! - [`control`]: host handshake, activation, control loop and tick.
+//! - [`phone`]: phone admission, data-leg attach, splice lifecycle.
+//! - [`splice`]: the hot path.
+//! - [`drain`]: `POST /v1/admin/drain` and SIGTERM.
+//! - [`renew`]: batched control-activity renewal.
+
+pub mod admission;
+pub mod control;
+pub mod drain;
+pub mod frames;
+pub mod heartbeat;
+pub mod legs;
+pub mod ledger;
+pub mod phone;
+pub mod renew;
+pub mod session;
+pub mod splice;
+pub mod testkit;
+pub mod ws;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use hyper::body::Incoming;
 use warp::filters::BoxedFilter;
 use warp::Filter;
 
 use crate::app::Ctx;
+use crate::crypto::{HostTokenVerifier, JwksSource};
 use crate::director::Director;
 use crate::http::Response;
+use crate::store::assignments::HostKey;
+
+use admission::PreAuth;
+use ledger::Ledger;
+use session::{Registry, SignedOut};
+use ws::Leg;
 
 /// The cell of this process.
 pub struct Cell {
     pub ctx: Ctx,
     pub director: Option<Arc<Director>>,
+    pub verifier: HostTokenVerifier,
+    pub preauth: Mutex<PreAuth>,
+    /// Capped cells only.
+    pub ledger: Option<Mutex<Ledger>>,
+    /// Open leg sockets (uncapped accounting).
+    pub open: AtomicU64,
+    pub budget: splice::Budget,
+    pub splice_limits: splice::Limits,
+    pub registry: Mutex<Registry>,
+    pub signed_out: Mutex<SignedOut>,
+    pub draining: AtomicBool,
+    /// Bumped by every drain: a later drain cancels the earlier one's pending sends and closes.
+    pub drain_epoch: AtomicU64,
+    pub renewer: renew::Renewer,
+    pub counts: Counts,
+}
+
+/// Live counts for `/v1/admin/runtime-status` and heartbeats.
+#[derive(Default)]
+pub struct Counts {
+    pub controls: AtomicI64,
+    pub splices: AtomicI64,
+    pub pending: AtomicI64,
 }
 
 impl Cell {
     pub async fn start(ctx: Ctx, director: Option<Arc<Director>>) -> Result<Arc<Cell>, String> {
-        Ok(Arc::new(Cell { ctx, director }))
+        let signing = ctx
+            .config
+            .secrets
+            .assignment_signing_key
+            .clone()
+            .ok_or("ORCA_RELAY_ASSIGNMENT_SIGNING_KEY is required for role cell")?;
+        let jwks = match (&ctx.config.jwks_url, &ctx.config.auth_issuer) {
+            (Some(url), Some(issuer)) => Some(JwksSource {
+                issuer: issuer.clone(),
+                url: url.clone(),
+            }),
+            _ => None,
+        };
+        let verifier = HostTokenVerifier::new(crate::crypto::self_hosted_key(&signing), jwks);
+        let ledger = ctx.config.hard_cap.map(|c| Mutex::new(Ledger::new(c.cap)));
+        let renewer = renew::Renewer::start(ctx.clone());
+        let cell = Arc::new(Cell {
+            verifier,
+            preauth: Mutex::new(PreAuth::default()),
+            ledger,
+            open: AtomicU64::new(0),
+            budget: splice::Budget::default(),
+            splice_limits: splice::Limits::default(),
+            registry: Mutex::new(Registry::default()),
+            signed_out: Mutex::new(SignedOut::default()),
+            draining: AtomicBool::new(false),
+            drain_epoch: AtomicU64::new(0),
+            renewer,
+            counts: Counts::default(),
+            ctx,
+            director,
+        });
+        Ok(cell)
     }
 
-    /// HTTP routes of the cell role (drain, idle rehome).
+    /// HTTP routes of the cell role (drain; idle rehome is a later addition).
     pub fn routes(self: &Arc<Self>) -> BoxedFilter<(Response,)> {
-        warp::any()
-            .and_then(|| async { Err::<Response, _>(warp::reject::not_found()) })
-            .boxed()
+        drain::route(self.clone()).boxed()
     }
 
     /// Handles a request on a WebSocket leg path (`/v1/host/control`, `/v1/host/data/…`,
     /// `/v1/connect/…`): the upgrade gates, then the leg.
-    pub async fn upgrade(
-        self: &Arc<Self>,
-        _req: http::Request<Incoming>,
-        _peer: SocketAddr,
-    ) -> Response {
-        crate::http::empty(http::StatusCode::NOT_FOUND)
+    pub async fn upgrade(self: &Arc<Self>, req: http::Request<Incoming>, peer: SocketAddr) -> Response {
+        legs::upgrade(self, req, peer).await
     }
 
     /// The `runtime` object of `/v1/admin/runtime-status`.
     pub fn runtime_counts(&self) -> serde_json::Value {
-        serde_json::json!({"controls":0,"splices":0,"pendingSplices":0,"preAuth":0,"queuedBytes":0})
+        serde_json::json!({
+            "controls": self.counts.controls.load(Ordering::Relaxed),
+            "splices": self.counts.splices.load(Ordering::Relaxed),
+            "pendingSplices": self.counts.pending.load(Ordering::Relaxed),
+            "preAuth": self.preauth().awaiting(),
+            "queuedBytes": self.budget.used(),
+        })
+    }
+
+    /// pre-auth sockets + live controls + splices + pending phones (heartbeat `observedRequests`).
+    pub fn observed_requests(&self) -> i64 {
+        self.preauth().awaiting() as i64
+            + self.counts.controls.load(Ordering::Relaxed)
+            + self.counts.splices.load(Ordering::Relaxed)
+            + self.counts.pending.load(Ordering::Relaxed)
     }
 
     /// True once a drain was requested.
     pub fn is_draining(&self) -> bool {
-        false
+        self.draining.load(Ordering::Relaxed)
     }
 
     /// SIGTERM: drain with the shutdown grace and close every socket (protocol.md §11).
-    pub async fn shutdown(&self) {}
+    pub async fn shutdown(self: &Arc<Self>) {
+        drain::shutdown(self).await;
+    }
+
+    pub fn preauth(&self) -> std::sync::MutexGuard<'_, PreAuth> {
+        self.preauth.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn with_ledger<T>(&self, f: impl FnOnce(&mut Ledger) -> T) -> Option<T> {
+        self.ledger
+            .as_ref()
+            .map(|l| f(&mut l.lock().unwrap_or_else(|e| e.into_inner())))
+    }
+
+    /// §13 idle-work token hook: true while an idle cutover holds the host's admission gate.
+    /// Idle regional rehome is not built yet, so the gate is always open.
+    pub fn idle_gate_closed(&self, _key: &HostKey) -> bool {
+        false
+    }
+
+    /// Releases an activity in the background (idempotent in the store; failures are logged).
+    pub fn release_activity(&self, key: &HostKey, activity_id: String) {
+        let db = self.ctx.db.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            let now = crate::clock::now_ms();
+            if let Err(e) = crate::store::assignments::release_activity(&db, &key, &activity_id, now).await {
+                log::warn!(
+                    "[orca-relay] activity release failed host={} kind={} error={e}",
+                    crate::logging::digest(&key.relay_host_id),
+                    activity_id.split(':').next().unwrap_or("")
+                );
+            }
+        });
+    }
+}
+
+/// One open leg socket's share of the connection accounting; released on drop.
+pub struct ConnGuard {
+    cell: Arc<Cell>,
+    leg: Leg,
+}
+
+impl ConnGuard {
+    /// The socket's handshake completed: its in-flight unit becomes physical.
+    pub fn opened(cell: &Arc<Cell>, leg: Leg) -> ConnGuard {
+        cell.with_ledger(|l| l.complete());
+        cell.open.fetch_add(1, Ordering::Relaxed);
+        cell.ctx
+            .metrics
+            .connections
+            .with_label_values(&[leg.name()])
+            .inc();
+        ConnGuard {
+            cell: cell.clone(),
+            leg,
+        }
+    }
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        self.cell.with_ledger(|l| l.close());
+        self.cell.open.fetch_sub(1, Ordering::Relaxed);
+        self.cell
+            .ctx
+            .metrics
+            .connections
+            .with_label_values(&[self.leg.name()])
+            .dec();
+    }
 }

@@ -13,6 +13,7 @@
 
 pub mod assignments;
 pub mod cells;
+pub mod credentials;
 pub mod placement;
 mod backend;
 pub mod migrate;

@@ -1,0 +1,195 @@
+//! Pre-auth admission of phone and data legs (protocol.md §1.2): sockets awaiting their first
+//! frame (45 cell-wide, 4 per source) and per-source attempt windows (30 per 60 s, 4 096 sources,
+//! least recently used evicted). Pure: the caller supplies the clock and the open-connection verdict.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::contract::limits;
+
+#[derive(Debug, Clone, Copy)]
+pub struct PreAuthLimits {
+    pub cell_max: usize,
+    pub source_max: usize,
+    pub attempts: u32,
+    pub window_ms: i64,
+    pub sources: usize,
+}
+
+impl Default for PreAuthLimits {
+    fn default() -> Self {
+        PreAuthLimits {
+            cell_max: limits::PREAUTH_CELL_MAX,
+            source_max: limits::PREAUTH_SOURCE_MAX,
+            attempts: limits::PREAUTH_ATTEMPTS_PER_WINDOW,
+            window_ms: limits::PREAUTH_WINDOW_MS,
+            sources: limits::PREAUTH_SOURCES,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Window {
+    start: i64,
+    count: u32,
+    seq: u64,
+}
+
+/// Pre-auth state of a cell.
+#[derive(Debug, Default)]
+pub struct PreAuth {
+    limits: PreAuthLimits,
+    awaiting: usize,
+    awaiting_by_source: HashMap<String, usize>,
+    windows: HashMap<String, Window>,
+    lru: BTreeMap<u64, String>,
+    seq: u64,
+}
+
+impl PreAuth {
+    pub fn new(limits: PreAuthLimits) -> PreAuth {
+        PreAuth {
+            limits,
+            ..Default::default()
+        }
+    }
+
+    /// Sockets awaiting a first frame, cell-wide.
+    pub fn awaiting(&self) -> usize {
+        self.awaiting
+    }
+
+    /// Admits one attempt from `source` if every rule of §1.2 holds (`capacity_ok` = the
+    /// open-connection rule); an admitted socket counts as awaiting until [`PreAuth::leave`].
+    pub fn try_admit(&mut self, source: &str, now_ms: i64, capacity_ok: bool) -> bool {
+        let by_source = self.awaiting_by_source.get(source).copied().unwrap_or(0);
+        if self.awaiting >= self.limits.cell_max
+            || by_source >= self.limits.source_max
+            || !capacity_ok
+        {
+            return false;
+        }
+        self.seq += 1;
+        let seq = self.seq;
+        let window_ms = self.limits.window_ms;
+        let w = match self.windows.get_mut(source) {
+            Some(w) => {
+                self.lru.remove(&w.seq);
+                w.seq = seq;
+                if now_ms - w.start >= window_ms {
+                    w.start = now_ms;
+                    w.count = 0;
+                }
+                w
+            }
+            None => {
+                if self.windows.len() >= self.limits.sources {
+                    if let Some((_, oldest)) = self.lru.pop_first() {
+                        self.windows.remove(&oldest);
+                    }
+                }
+                self.windows.entry(source.to_owned()).or_insert(Window {
+                    start: now_ms,
+                    count: 0,
+                    seq,
+                })
+            }
+        };
+        self.lru.insert(seq, source.to_owned());
+        if w.count >= self.limits.attempts {
+            return false;
+        }
+        w.count += 1;
+        self.awaiting += 1;
+        *self.awaiting_by_source.entry(source.to_owned()).or_insert(0) += 1;
+        true
+    }
+
+    /// The socket got its first frame, hit its deadline or closed.
+    pub fn leave(&mut self, source: &str) {
+        self.awaiting = self.awaiting.saturating_sub(1);
+        if let Some(n) = self.awaiting_by_source.get_mut(source) {
+            *n -= 1;
+            if *n == 0 {
+                self.awaiting_by_source.remove(source);
+            }
+        }
+    }
+
+    /// Number of sources with a window (≤ 4 096).
+    pub fn window_count(&self) -> usize {
+        self.windows.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_source_awaiting_cap_is_four() {
+        let mut p = PreAuth::new(PreAuthLimits::default());
+        for _ in 0..4 {
+            assert!(p.try_admit("a", 0, true));
+        }
+        assert!(!p.try_admit("a", 0, true), "5th silent socket from one source");
+        assert!(p.try_admit("b", 0, true));
+        p.leave("a");
+        assert!(p.try_admit("a", 0, true));
+    }
+
+    #[test]
+    fn cell_wide_cap_is_45() {
+        let mut p = PreAuth::new(PreAuthLimits::default());
+        for i in 0..45 {
+            assert!(p.try_admit(&format!("s{i}"), 0, true));
+        }
+        assert!(!p.try_admit("x", 0, true));
+        assert_eq!(p.awaiting(), 45);
+    }
+
+    #[test]
+    fn thirty_attempts_per_window_then_new_window() {
+        let mut p = PreAuth::new(PreAuthLimits::default());
+        for i in 0..30 {
+            assert!(p.try_admit("a", i, true));
+            p.leave("a");
+        }
+        assert!(!p.try_admit("a", 59_999, true), "31st attempt in the window");
+        assert!(p.try_admit("a", 60_000, true), "window started by the first attempt");
+    }
+
+    #[test]
+    fn capacity_refusal_is_not_counted() {
+        let mut p = PreAuth::new(PreAuthLimits::default());
+        for _ in 0..40 {
+            assert!(!p.try_admit("a", 0, false));
+        }
+        for _ in 0..30 {
+            assert!(p.try_admit("a", 0, true));
+            p.leave("a");
+        }
+    }
+
+    #[test]
+    fn lru_keeps_4096_sources() {
+        let mut p = PreAuth::new(PreAuthLimits::default());
+        // Exhaust "hot", then touch 4095 others: "hot" is still remembered (recently used).
+        for _ in 0..30 {
+            assert!(p.try_admit("hot", 0, true));
+            p.leave("hot");
+        }
+        for i in 0..4095 {
+            assert!(p.try_admit(&format!("s{i}"), 1, true));
+            p.leave(&format!("s{i}"));
+        }
+        assert!(!p.try_admit("hot", 2, true));
+        assert_eq!(p.window_count(), 4096);
+        // 4096 more new sources evict it.
+        for i in 0..4096 {
+            assert!(p.try_admit(&format!("t{i}"), 3, true));
+            p.leave(&format!("t{i}"));
+        }
+        assert_eq!(p.window_count(), 4096);
+        assert!(p.try_admit("hot", 4, true));
+    }
+}

@@ -1,0 +1,804 @@
+//! The host control leg: handshake (§3), activation (§3.5), the control loop and its 15 s tick
+//! (§4), `auth-refresh` (§4.3), orphan grace (§4.5).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use rand::Rng;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::Message;
+
+use super::frames::{self, Split};
+use super::session::{ControlOut, ControlRef, Inner, Session, State};
+use super::ws::{self, First, Ws};
+use super::{Cell, ConnGuard};
+use crate::clock::now_ms;
+use crate::contract::close::{self, reason};
+use crate::contract::limits;
+use crate::crypto::{self, HostBinding, HostClaims};
+use crate::logging;
+use crate::store::assignments::{self as store, ActivateControl, HostKey, RenewalOutcome};
+use crate::store::credentials as creds;
+
+pub const CAP_PENDING_DETAILS: &str = "pending-conn-details";
+pub const CAP_IDLE_REHOME: &str = "idle-regional-rehome-v1";
+
+/// Control-loop channel depth (frames to send, from phones and commands).
+const OUT_QUEUE: usize = 64;
+
+enum Fail {
+    Close(u16, &'static str),
+    Gone,
+}
+
+fn close_with(code: u16, r: &'static str) -> Fail {
+    Fail::Close(code, r)
+}
+
+/// Runs one control socket from the upgrade to its close.
+pub async fn run(
+    cell: Arc<Cell>,
+    mut ws: Ws,
+    guard: ConnGuard,
+    claims: HostClaims,
+    caps: Vec<String>,
+    watermark: Option<u64>,
+) {
+    let key = HostKey {
+        user_id: claims.sub.clone(),
+        relay_host_id: claims.relay_host_id.clone(),
+    };
+    let handshake = handshake(&cell, &mut ws, &key, &claims, &caps, watermark).await;
+    let (session, sock_id, rx) = match handshake {
+        Ok(x) => x,
+        Err(Fail::Close(code, r)) => {
+            ws::close(&mut ws, code, r).await;
+            return;
+        }
+        Err(Fail::Gone) => return,
+    };
+    cell.counts
+        .controls
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let host_reason = control_loop(&cell, &mut ws, &session, sock_id, rx).await;
+    cell.counts
+        .controls
+        .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    drop(guard);
+    on_control_closed(&cell, &session, sock_id, host_reason.as_deref());
+}
+
+async fn handshake(
+    cell: &Arc<Cell>,
+    ws: &mut Ws,
+    key: &HostKey,
+    claims: &HostClaims,
+    caps: &[String],
+    watermark: Option<u64>,
+) -> Result<(Arc<Session>, u64, mpsc::Receiver<ControlOut>), Fail> {
+    if cell.idle_gate_closed(key) {
+        return Err(close_with(close::WRONG_CELL, reason::IDLE_CUTOVER_IN_PROGRESS));
+    }
+    let pending_details = caps.iter().any(|c| c == CAP_PENDING_DETAILS);
+    let idle_rehome = caps.iter().any(|c| c == CAP_IDLE_REHOME);
+    if cell.is_draining() {
+        return Err(close_with(close::DRAINING, reason::RELAY_DRAINING));
+    }
+    // §3.1 host-hello.
+    let first = ws::first_frame(ws, Duration::from_millis(limits::FIRST_FRAME_MS)).await;
+    let text = match first {
+        First::Text(t) => t,
+        First::Binary => return Err(close_with(close::BAD_OUTER_CREDENTIAL, reason::HOST_HELLO_MUST_BE_TEXT)),
+        First::Timeout => return Err(close_with(close::BAD_OUTER_CREDENTIAL, reason::HOST_HELLO_TIMEOUT)),
+        First::Oversize => return Err(close_with(close::MESSAGE_TOO_BIG, "message too big")),
+        First::Gone => return Err(Fail::Gone),
+    };
+    let hello: frames::HostHello = match frames::split(&text) {
+        Split::Typed(t, m) if t == "host-hello" => frames::body(m),
+        _ => None,
+    }
+    .ok_or(close_with(close::BAD_OUTER_CREDENTIAL, reason::INVALID_HOST_HELLO))?;
+    let host_public = crypto::decode_key32(&hello.host_public_key_b64)
+        .ok_or(close_with(close::BAD_OUTER_CREDENTIAL, reason::INVALID_HOST_PUBLIC_KEY))?;
+    if hello.relay_host_id != claims.relay_host_id || crypto::relay_host_id(&host_public) != hello.relay_host_id {
+        return Err(close_with(close::BAD_OUTER_CREDENTIAL, reason::HOST_KEY_BINDING_MISMATCH));
+    }
+    let epoch = hello.assignment_epoch as i64;
+    match store::verify_cell_assignment(&cell.ctx.db, key, &cell.ctx.config.cell_id, epoch).await {
+        Ok(true) => {}
+        Ok(false) => return Err(close_with(close::WRONG_CELL, reason::WRONG_ASSIGNMENT_EPOCH)),
+        Err(_) => return Err(close_with(close::LIMIT_EXCEEDED, reason::RELAY_TEMPORARILY_UNAVAILABLE)),
+    }
+    // §3.2 rebind or new generation.
+    let seen = cell.registry().get(key);
+    let (rebind, generation, seen_id) = match &seen {
+        Some(s) => {
+            let st = s.lock();
+            let rebind = hello
+                .control_resume_secret
+                .as_deref()
+                .is_some_and(|sec| crypto::ct_eq_str(sec, &st.secret))
+                && matches!(st.state, State::Active | State::Orphaned);
+            let g = if rebind { st.generation } else { st.generation + 1 };
+            (rebind, g, Some(s.id))
+        }
+        None => (false, 1, None),
+    };
+    // §3.3 challenge, §3.4 ack.
+    let binding = HostBinding {
+        relay_origin: cell.ctx.config.cell_url.clone(),
+        user_id: claims.sub.clone(),
+        profile_id: claims.prof.clone(),
+        organization_id: claims.org.clone().unwrap_or_default(),
+        relay_host_id: claims.relay_host_id.clone(),
+        host_public,
+        assignment_epoch: hello.assignment_epoch,
+        previous_generation: hello.previous_generation,
+        resume_requested: rebind,
+    };
+    let issued = crypto::issue_host_challenge(&binding, now_ms());
+    let mut frame = serde_json::to_value(&issued.frame).unwrap_or(Value::Null);
+    if let Value::Object(m) = &mut frame {
+        m.insert("type".into(), json!("host-challenge"));
+    }
+    if ws.send(Message::text(frame.to_string())).await.is_err() {
+        return Err(Fail::Gone);
+    }
+    let proof_ok = match ws::first_frame(ws, Duration::from_millis(limits::PROOF_WINDOW_MS as u64)).await {
+        First::Text(t) => match frames::split(&t) {
+            Split::Typed(ty, m) if ty == "host-challenge-ack" => frames::body::<frames::ChallengeAck>(m)
+                .is_some_and(|a| issued.verify_ack(&a.challenge_id, &a.proof_b64, now_ms())),
+            _ => false,
+        },
+        First::Binary => false,
+        First::Timeout => return Err(close_with(close::BAD_OUTER_CREDENTIAL, reason::HOST_PROOF_TIMEOUT)),
+        First::Oversize => return Err(close_with(close::MESSAGE_TOO_BIG, "message too big")),
+        First::Gone => return Err(Fail::Gone),
+    };
+    cell.ctx
+        .metrics
+        .host_proofs
+        .with_label_values(&[if proof_ok { "ok" } else { "failed" }])
+        .inc();
+    if !proof_ok {
+        return Err(close_with(close::BAD_OUTER_CREDENTIAL, reason::INVALID_HOST_PROOF));
+    }
+    // §3.5 activation, serialised per host, FIFO.
+    let lock = cell.registry().activation_lock(key);
+    let _turn = match tokio::time::timeout(
+        Duration::from_millis(limits::ACTIVATION_QUEUE_WAIT_MS),
+        lock.lock_owned(),
+    )
+    .await
+    {
+        Ok(g) => g,
+        Err(_) => return Err(close_with(close::LIMIT_EXCEEDED, reason::CONTROL_ACTIVATION_QUEUE_STALLED)),
+    };
+    if cell.idle_gate_closed(key) {
+        return Err(close_with(close::WRONG_CELL, reason::IDLE_CUTOVER_IN_PROGRESS));
+    }
+    if cell.registry().get(key).map(|s| s.id) != seen_id {
+        return Err(close_with(close::PEER_DROPPED, reason::CONTROL_ACTIVATION_SUPERSEDED));
+    }
+    let now = now_ms();
+    let activity = match store::activate_control(
+        &cell.ctx.db,
+        key,
+        &ActivateControl {
+            cell_id: cell.ctx.config.cell_id.clone(),
+            assignment_epoch: epoch,
+            generation,
+            connection_inclusion_watermark: watermark.map(|w| w as i64),
+            idle_regional_rehome: idle_rehome,
+            cell_incarnation: cell.ctx.incarnation.clone(),
+        },
+        now,
+    )
+    .await
+    {
+        Ok(a) => a,
+        Err(_) => return Err(close_with(close::WRONG_CELL, reason::ASSIGNMENT_CHANGED_DURING_HOST_PROOF)),
+    };
+    if store::mark_migration_target_registered(&cell.ctx.db, key, &cell.ctx.config.cell_id, epoch, now)
+        .await
+        .is_err()
+    {
+        cell.release_activity(key, activity);
+        return Err(close_with(close::WRONG_CELL, reason::ASSIGNMENT_CHANGED_DURING_HOST_PROOF));
+    }
+    if cell.is_draining() {
+        cell.release_activity(key, activity);
+        return Err(close_with(close::DRAINING, reason::RELAY_DRAINING));
+    }
+    let (tx, rx) = mpsc::channel(OUT_QUEUE);
+    let sock_id = cell.registry().next_id();
+    let control = ControlRef {
+        sock_id,
+        tx,
+        pending_details,
+        idle_rehome,
+    };
+    let now = now_ms();
+    let lease_expires_at = now + limits::CONTROL_LEASE_MS
+        + rand::thread_rng().gen_range(-limits::CONTROL_LEASE_JITTER_MS..limits::CONTROL_LEASE_JITTER_MS);
+    let (session, ack) = if rebind {
+        let s = seen.expect("rebind has a session");
+        let mut st = s.lock();
+        st.orphan_seq += 1;
+        st.authority_rev += 1;
+        if let Some(old) = st.control.replace(control) {
+            old.send(ControlOut::Close(close::PEER_DROPPED, reason::CONTROL_REBOUND));
+        }
+        if st.activity_id != activity {
+            let old = std::mem::replace(&mut st.activity_id, activity);
+            if !old.is_empty() {
+                cell.release_activity(key, old);
+            }
+        }
+        st.epoch = epoch;
+        st.app_version = hello.app_version.clone();
+        st.claims = claims.clone();
+        st.lease_expires_at = lease_expires_at;
+        st.last_pong = now;
+        st.renewal_due = now + limits::CONTROL_TICK_MS as i64;
+        st.state = State::Active;
+        st.drain_sent = false;
+        let ack = hello_ack(&st, pending_details);
+        drop(st);
+        (s, ack)
+    } else {
+        let session = Arc::new(Session {
+            key: key.clone(),
+            id: cell.registry().next_id(),
+            inner: std::sync::Mutex::new(Inner {
+                state: State::Active,
+                generation,
+                epoch,
+                secret: crypto::random_b64u32(),
+                lease_expires_at,
+                authority_rev: 0,
+                claims: claims.clone(),
+                app_version: hello.app_version.clone(),
+                drain_sent: false,
+                control: Some(control),
+                activity_id: activity,
+                pending: Default::default(),
+                active: Default::default(),
+                orphan_seq: 0,
+                last_pong: now,
+                renewal_due: now + limits::CONTROL_TICK_MS as i64,
+                renewal_in_flight: false,
+            }),
+        });
+        let old = cell.registry().sessions.insert(key.clone(), session.clone());
+        if let Some(old) = old {
+            retire(cell, &old, (close::PEER_DROPPED, reason::REPLACED_BY_NEWER_GENERATION));
+        }
+        cell.signed_out
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .forget(key);
+        let ack = hello_ack(&session.lock(), pending_details);
+        (session, ack)
+    };
+    if ws.send(Message::text(ack.to_string())).await.is_err() {
+        return Err(Fail::Gone);
+    }
+    logging::event(
+        "orca_relay_host_control_activated",
+        json!({"host": logging::digest(&key.relay_host_id), "generation": generation, "rebind": rebind}),
+    );
+    Ok((session, sock_id, rx))
+}
+
+/// Closes a replaced session (§3.5 step 6) or a drained one (§11 step 4): splices, pending phones
+/// and the socket with `control_close`, activity released, session removed if still registered.
+pub fn retire(cell: &Cell, s: &Session, control_close: (u16, &'static str)) {
+    let (splice, pending) = if control_close.0 == close::DRAINING {
+        (
+            (close::DRAINING, reason::RELAY_DRAINING),
+            (close::DRAINING, reason::RELAY_CONNECTION_REJECTED),
+        )
+    } else {
+        (
+            (close::PEER_DROPPED, reason::PEER_CONNECTION_DROPPED),
+            (close::PEER_DROPPED, reason::RELAY_CONNECTION_REJECTED),
+        )
+    };
+    let mut st = s.lock();
+    st.state = State::Closed;
+    st.orphan_seq += 1;
+    st.close_all(splice, pending);
+    if let Some(c) = st.control.take() {
+        c.send(ControlOut::Close(control_close.0, control_close.1));
+    }
+    let activity = std::mem::take(&mut st.activity_id);
+    drop(st);
+    if !activity.is_empty() {
+        cell.release_activity(&s.key, activity);
+    }
+    cell.registry().remove_if(s);
+}
+
+fn hello_ack(st: &Inner, pending_details: bool) -> Value {
+    let active: Vec<&String> = st.active.keys().take(limits::HELLO_ACK_LIST_MAX).collect();
+    let pending: Vec<Value> = st
+        .pending
+        .iter()
+        .take(limits::HELLO_ACK_LIST_MAX)
+        .map(|(id, p)| {
+            if pending_details {
+                json!({"connId": id, "connTicket": p.ticket, "kind": p.kind, "relayDeviceId": p.device})
+            } else {
+                json!({"connId": id, "connTicket": p.ticket})
+            }
+        })
+        .collect();
+    json!({
+        "type": "host-hello-ack",
+        "v": 1,
+        "generation": st.generation,
+        "controlResumeSecret": st.secret,
+        "leaseExpiresAt": st.lease_expires_at,
+        "activeConnIds": active,
+        "pendingConns": pending,
+    })
+}
+
+fn send_frame(s: &Session, sock_id: u64, v: Value) {
+    let st = s.lock();
+    if let Some(c) = st.control.as_ref().filter(|c| c.sock_id == sock_id) {
+        c.send(ControlOut::Frame(v.to_string()));
+    }
+}
+
+fn control_error(req_id: Option<&str>, code: &str) -> Value {
+    match req_id {
+        Some(r) => json!({"type":"control-error","reqId":r,"code":code}),
+        None => json!({"type":"control-error","code":code}),
+    }
+}
+
+/// Returns the host's close reason if the host closed the socket.
+async fn control_loop(
+    cell: &Arc<Cell>,
+    ws: &mut Ws,
+    session: &Arc<Session>,
+    sock_id: u64,
+    mut rx: mpsc::Receiver<ControlOut>,
+) -> Option<String> {
+    let tick = Duration::from_millis(limits::CONTROL_TICK_MS);
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + tick, tick);
+    loop {
+        tokio::select! {
+            m = ws.next() => match m {
+                Some(Ok(Message::Text(t))) => {
+                    if let Err((code, r)) = on_text(cell, session, sock_id, t.as_str()).await {
+                        ws::close(ws, code, r).await;
+                        return None;
+                    }
+                }
+                Some(Ok(Message::Close(frame))) => {
+                    let r = frame.map(|f| f.reason.as_str().to_owned());
+                    let _ = ws.close(None).await;
+                    return r;
+                }
+                Some(Ok(_)) => {}
+                Some(Err(tokio_tungstenite::tungstenite::Error::Capacity(_))) => {
+                    ws::close(ws, close::MESSAGE_TOO_BIG, "message too big").await;
+                    return None;
+                }
+                Some(Err(_)) | None => return None,
+            },
+            out = rx.recv() => match out {
+                Some(ControlOut::Frame(f)) => {
+                    if ws.send(Message::text(f)).await.is_err() {
+                        return None;
+                    }
+                }
+                Some(ControlOut::Close(code, r)) => {
+                    ws::close(ws, code, r).await;
+                    return None;
+                }
+                None => return None,
+            },
+            _ = ticker.tick() => {
+                if let Some((code, r)) = on_tick(cell, session, sock_id) {
+                    ws::close(ws, code, r).await;
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// §4.5: the current control closed with no successor → orphaned, 30 s grace.
+fn on_control_closed(cell: &Arc<Cell>, session: &Arc<Session>, sock_id: u64, host_reason: Option<&str>) {
+    let mut st = session.lock();
+    if st.control.as_ref().is_none_or(|c| c.sock_id != sock_id) {
+        return;
+    }
+    st.control = None;
+    if st.state == State::Closed {
+        return;
+    }
+    st.state = State::Orphaned;
+    st.orphan_seq += 1;
+    let seq = st.orphan_seq;
+    drop(st);
+    if host_reason == Some(reason::SIGNED_OUT) {
+        cell.signed_out
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remember(session.key.clone(), now_ms());
+    }
+    let cell = cell.clone();
+    let session = session.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(limits::ORPHAN_GRACE_MS)).await;
+        let mut st = session.lock();
+        if st.state != State::Orphaned || st.orphan_seq != seq {
+            return;
+        }
+        st.state = State::Closed;
+        st.close_all(
+            (close::PEER_DROPPED, reason::PEER_CONNECTION_DROPPED),
+            (close::HOST_OFFLINE, reason::RELAY_CONNECTION_REJECTED),
+        );
+        let activity = std::mem::take(&mut st.activity_id);
+        drop(st);
+        if !activity.is_empty() {
+            cell.release_activity(&session.key, activity);
+        }
+        cell.registry().remove_if(&session);
+    });
+}
+
+/// The 15 s tick (§4.2). Returns a close for the control socket, if any.
+fn on_tick(cell: &Arc<Cell>, session: &Arc<Session>, sock_id: u64) -> Option<(u16, &'static str)> {
+    let now = now_ms();
+    let mut st = session.lock();
+    if !matches!(st.state, State::Active | State::DrainOnly) {
+        return None;
+    }
+    if now >= st.renewal_due && !st.renewal_in_flight {
+        st.renewal_in_flight = true;
+        let row = store::RenewalRow {
+            host: session.key.clone(),
+            activity_id: st.activity_id.clone(),
+            expires_at: now + limits::CONTROL_RENEWAL_REQUEST_MS,
+        };
+        let rev = st.authority_rev;
+        let cell = cell.clone();
+        let session = session.clone();
+        tokio::spawn(async move {
+            let outcome = cell.renewer.renew(row.clone()).await;
+            on_renewal(&cell, &session, sock_id, rev, &row, now, outcome).await;
+        });
+    }
+    if now - st.last_pong > limits::CONTROL_SILENCE_MS {
+        return Some((close::PEER_DROPPED, reason::CONTROL_SILENCE_TIMEOUT));
+    }
+    let exp_ms = st.claims.exp * 1000;
+    if now > exp_ms + limits::EXPIRED_TOKEN_GRACE_MS {
+        return Some((close::BAD_OUTER_CREDENTIAL, reason::RELAY_AUTHORIZATION_EXPIRED));
+    } else if now > exp_ms && st.state == State::Active {
+        st.state = State::DrainOnly;
+    }
+    let c = st.control.as_ref().filter(|c| c.sock_id == sock_id)?.clone();
+    if now > st.lease_expires_at {
+        c.send(ControlOut::Frame(
+            json!({"type":"drain","graceMs":0,"recovery":"resolve-director"}).to_string(),
+        ));
+        return Some((close::DRAINING, reason::CONTROL_LEASE_EXPIRED));
+    }
+    c.send(ControlOut::Frame(json!({"type":"ping","t":now}).to_string()));
+    None
+}
+
+/// Applies a renewal outcome (§4.4) unless the session, socket, activity or authority changed.
+async fn on_renewal(
+    cell: &Arc<Cell>,
+    session: &Arc<Session>,
+    sock_id: u64,
+    rev: u64,
+    row: &store::RenewalRow,
+    started: i64,
+    outcome: RenewalOutcome,
+) {
+    let close = {
+        let mut st = session.lock();
+        st.renewal_in_flight = false;
+        let current = st.control.as_ref().is_some_and(|c| c.sock_id == sock_id)
+            && st.activity_id == row.activity_id
+            && st.authority_rev == rev;
+        if !current {
+            return;
+        }
+        match outcome {
+            RenewalOutcome::Renewed => {
+                st.renewal_due = started + limits::CONTROL_RENEWAL_INTERVAL_MS;
+                None
+            }
+            RenewalOutcome::AssignmentNotFound => Some(reason::CONTROL_ASSIGNMENT_MISSING),
+            RenewalOutcome::ActivityCellNotAuthoritative => Some(reason::CONTROL_MIGRATION_COMPLETED),
+            RenewalOutcome::ControlActivityMoved => Some(reason::CONTROL_ACTIVITY_MOVED),
+            RenewalOutcome::ControlActivityNotFound => Some(""),
+            other => {
+                if other != RenewalOutcome::AssignmentLockUnavailable {
+                    log::warn!(
+                        "[orca-relay] control renewal failed host={} outcome={other:?}",
+                        logging::digest(&session.key.relay_host_id)
+                    );
+                }
+                None
+            }
+        }
+    };
+    let close = match close {
+        Some("") => {
+            // Re-acquire the same id (kind control).
+            let r = store::acquire_activity(
+                &cell.ctx.db,
+                &session.key,
+                &row.activity_id,
+                store::ActivityKind::Control,
+                &cell.ctx.config.cell_id,
+                Some(row.expires_at),
+                now_ms(),
+            )
+            .await;
+            match r {
+                Ok(()) => None,
+                Err(store::ActivityError::ActivityCellNotAuthoritative) => {
+                    Some(reason::CONTROL_MIGRATION_COMPLETED)
+                }
+                Err(e) => {
+                    log::warn!("[orca-relay] control re-acquire failed code={}", e.code());
+                    None
+                }
+            }
+        }
+        other => other,
+    };
+    if let Some(r) = close {
+        let st = session.lock();
+        if let Some(c) = st.control.as_ref().filter(|c| c.sock_id == sock_id && st.authority_rev == rev) {
+            c.send(ControlOut::Close(close::DRAINING, r));
+        }
+    }
+}
+
+/// One host → cell text frame (§4.1). `Err` closes the control.
+async fn on_text(cell: &Arc<Cell>, session: &Arc<Session>, sock_id: u64, text: &str) -> Result<(), (u16, &'static str)> {
+    let (ty, m) = match frames::split(text) {
+        Split::NotJson => return Err((close::BAD_OUTER_CREDENTIAL, reason::INVALID_CONTROL_JSON)),
+        Split::NoType => return Ok(()),
+        Split::Typed(t, m) => (t, m),
+    };
+    {
+        let st = session.lock();
+        if !matches!(st.state, State::Active | State::DrainOnly) {
+            return Ok(());
+        }
+    }
+    let invalid = |m: &serde_json::Map<String, Value>| {
+        send_frame(session, sock_id, control_error(frames::valid_req_id(m).as_deref(), "invalid_control_message"));
+        Ok(())
+    };
+    match ty.as_str() {
+        "pong" => {
+            if frames::body::<frames::Pong>(m).is_some() {
+                session.lock().last_pong = now_ms();
+            }
+            Ok(())
+        }
+        "auth-refresh" => {
+            let Some(r) = frames::body::<frames::AuthRefresh>(m) else {
+                return Ok(());
+            };
+            auth_refresh(cell, session, &r.relay_jwt).await
+        }
+        "invite-create" => match frames::body::<frames::InviteCreate>(m.clone()) {
+            Some(c) => {
+                spawn_command(cell, session, sock_id, Command::Invite(c));
+                Ok(())
+            }
+            None => invalid(&m),
+        },
+        "device-credential-install" => match frames::body::<frames::Install>(m.clone()) {
+            Some(c) => {
+                spawn_command(cell, session, sock_id, Command::Install(c));
+                Ok(())
+            }
+            None => invalid(&m),
+        },
+        "device-credential-install-status" => match frames::body::<frames::InstallStatus>(m.clone()) {
+            Some(c) => {
+                spawn_command(cell, session, sock_id, Command::Status(c));
+                Ok(())
+            }
+            None => invalid(&m),
+        },
+        "device-resume-confirm" => match frames::body::<frames::ResumeConfirm>(m.clone()) {
+            Some(c) => {
+                spawn_command(cell, session, sock_id, Command::Confirm(c));
+                Ok(())
+            }
+            None => invalid(&m),
+        },
+        "device-revoke" => match frames::body::<frames::Revoke>(m.clone()) {
+            Some(c) => {
+                spawn_command(cell, session, sock_id, Command::Revoke(c));
+                Ok(())
+            }
+            None => invalid(&m),
+        },
+        _ => {
+            send_frame(session, sock_id, control_error(None, "unknown_control_message"));
+            Ok(())
+        }
+    }
+}
+
+/// §4.3.
+async fn auth_refresh(cell: &Arc<Cell>, session: &Arc<Session>, jwt: &str) -> Result<(), (u16, &'static str)> {
+    let changed = (close::BAD_OUTER_CREDENTIAL, reason::REFRESH_IDENTITY_CHANGED);
+    let claims = cell.verifier.verify(jwt, now_ms()).await.map_err(|_| changed)?;
+    let mut st = session.lock();
+    let old = &st.claims;
+    if claims.sub != old.sub || claims.prof != old.prof || claims.org != old.org || claims.relay_host_id != old.relay_host_id {
+        return Err(changed);
+    }
+    st.claims = claims;
+    if st.state == State::DrainOnly && !st.drain_sent {
+        st.state = State::Active;
+    }
+    Ok(())
+}
+
+enum Command {
+    Invite(frames::InviteCreate),
+    Install(frames::Install),
+    Status(frames::InstallStatus),
+    Confirm(frames::ResumeConfirm),
+    Revoke(frames::Revoke),
+}
+
+fn spawn_command(cell: &Arc<Cell>, session: &Arc<Session>, sock_id: u64, cmd: Command) {
+    let cell = cell.clone();
+    let session = session.clone();
+    tokio::spawn(async move {
+        let reply = run_command(&cell, &session, cmd).await;
+        send_frame(&session, sock_id, reply);
+    });
+}
+
+async fn run_command(cell: &Arc<Cell>, session: &Arc<Session>, cmd: Command) -> Value {
+    let key = &session.key;
+    let db = &cell.ctx.db;
+    let cell_id = &cell.ctx.config.cell_id;
+    let (state, generation) = {
+        let st = session.lock();
+        (st.state, st.generation)
+    };
+    let now = now_ms();
+    match cmd {
+        Command::Invite(c) => {
+            if state != State::Active {
+                return control_error(Some(&c.req_id), "authorization_expired");
+            }
+            let activity = format!("invite-offer:{}", c.req_id);
+            if let Err(e) = store::acquire_activity(db, key, &activity, store::ActivityKind::Invite, cell_id, None, now).await {
+                return control_error(Some(&c.req_id), e.code());
+            }
+            match creds::create_invite(db, key, &c.relay_device_id, &c.req_id, now).await {
+                Ok(inv) => {
+                    for offer in inv.invalidated_offers {
+                        cell.release_activity(key, format!("invite-offer:{offer}"));
+                    }
+                    let _ = store::acquire_activity(
+                        db,
+                        key,
+                        &activity,
+                        store::ActivityKind::Invite,
+                        cell_id,
+                        Some(inv.expires_at),
+                        now_ms(),
+                    )
+                    .await;
+                    json!({"type":"invite-created","reqId":c.req_id,"inviteToken":inv.token,"expiresAt":inv.expires_at,"maxAttempts":limits::INVITE_MAX_ATTEMPTS})
+                }
+                Err(e) => {
+                    cell.release_activity(key, activity);
+                    control_error(Some(&c.req_id), e.code())
+                }
+            }
+        }
+        Command::Install(c) => {
+            let auth = match c.authorization.mode.as_str() {
+                "relay-basis" => creds::InstallAuth::RelayBasis {
+                    basis_conn_id: c.authorization.basis_conn_id.clone().unwrap_or_default(),
+                },
+                _ => creds::InstallAuth::AuthenticatedDirect {
+                    direct_auth_id: c.authorization.direct_auth_id.clone().unwrap_or_default(),
+                },
+            };
+            if matches!(auth, creds::InstallAuth::AuthenticatedDirect { .. }) && state != State::Active {
+                return control_error(Some(&c.req_id), "authorization_expired");
+            }
+            let activity = format!("install:{}", c.req_id);
+            if let Err(e) = store::acquire_activity(db, key, &activity, store::ActivityKind::Install, cell_id, None, now).await {
+                return control_error(Some(&c.req_id), e.code());
+            }
+            let req = creds::InstallRequest {
+                req_id: c.req_id.clone(),
+                device: c.relay_device_id.clone(),
+                new_hash: c.new_resume_token_hash.clone(),
+                expected_current_hash: c.expected_current_hash.clone(),
+                auth: auth.clone(),
+            };
+            let r = tokio::time::timeout(
+                Duration::from_secs(10),
+                creds::install(db, key, &req, generation, state == State::Active, now),
+            )
+            .await
+            .unwrap_or(Err(creds::CredError::Db(crate::store::DbError::Transient("deadline".into()))));
+            cell.release_activity(key, activity);
+            match r {
+                Ok(done) => {
+                    for offer in done.ended_offers {
+                        cell.release_activity(key, format!("invite-offer:{offer}"));
+                    }
+                    if let creds::InstallAuth::RelayBasis { basis_conn_id } = &auth {
+                        cell.release_activity(key, format!("invite:{basis_conn_id}"));
+                    }
+                    let mut v = done.result;
+                    v["type"] = json!("device-credential-installed");
+                    reorder_type(v)
+                }
+                Err(e) => control_error(Some(&c.req_id), e.code()),
+            }
+        }
+        Command::Status(c) => match creds::install_status(db, key, &c.relay_device_id, &c.req_id).await {
+            Ok(Some(result)) => json!({"type":"device-credential-install-status-result","v":1,"reqId":c.req_id,"state":"committed","result":result}),
+            Ok(None) => json!({"type":"device-credential-install-status-result","v":1,"reqId":c.req_id,"state":"not-found"}),
+            Err(_) => control_error(Some(&c.req_id), "control_operation_failed"),
+        },
+        Command::Confirm(c) => match creds::confirm(db, key, &c.req_id, &c.basis_conn_id, generation, now).await {
+            Ok(result) => {
+                cell.release_activity(key, format!("confirmation:{}", c.basis_conn_id));
+                let mut v = result;
+                v["type"] = json!("device-resume-confirmed");
+                reorder_type(v)
+            }
+            Err(e) => control_error(Some(&c.req_id), e.code()),
+        },
+        Command::Revoke(c) => match creds::revoke(db, key, &c.relay_device_id, now).await {
+            Ok(offers) => {
+                for offer in offers {
+                    cell.release_activity(key, format!("invite-offer:{offer}"));
+                }
+                json!({"type":"device-revoked","reqId":c.req_id})
+            }
+            Err(_) => control_error(Some(&c.req_id), "control_operation_failed"),
+        },
+    }
+}
+
+/// Puts `type` first (cosmetic: frames read better in logs and tests).
+fn reorder_type(v: Value) -> Value {
+    let Value::Object(m) = v else { return v };
+    let mut out = serde_json::Map::new();
+    if let Some(t) = m.get("type") {
+        out.insert("type".into(), t.clone());
+    }
+    for (k, val) in m {
+        if k != "type" {
+            out.insert(k, val);
+        }
+    }
+    Value::Object(out)
+}

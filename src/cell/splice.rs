@@ -1,0 +1,591 @@
+//! The splice hot path (protocol.md §8): one task drives both directions of a (phone, host data)
+//! pair with a single hand-written poll loop.
+//!
+//! Why one task and a manual poll: a task per direction plus a channel between them costs two
+//! wake-ups and an allocation per frame. Here a frame read from one socket is handed straight to
+//! the other socket's writer (`start_send`, no flush) while more frames are ready; the writer is
+//! flushed once the source is momentarily empty. Payloads are forwarded as the `Bytes` tungstenite
+//! produced (no copy, opcode preserved).
+//!
+//! Backpressure per direction: *backlog* = bytes fed to the target writer since its last completed
+//! flush. A frame is fed at once if the overflow queue is empty and backlog ≤ high water; otherwise
+//! it joins the overflow queue and the source is not read until the queue is empty again. Overflow
+//! moves to the writer while backlog ≤ low water. Overflow is charged to a process-wide budget; the
+//! per-direction or process limit closes the pair 4429 `relay queue limit exceeded`, and overflow
+//! that stays non-empty for the wedge timeout closes it 4429 `wedged relay link`. Since the source
+//! is not read while overflow is non-empty, a peer that stops reading costs at most one message
+//! plus the writer backlog: the rest stays in kernel buffers and TCP flow control stops the sender.
+
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_util::{Sink, Stream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::oneshot;
+use tokio::time::{Instant, Sleep};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::WebSocketStream;
+
+use crate::contract::close::{self, reason};
+use crate::contract::limits;
+
+/// Splice thresholds (protocol.md §8, §10); tests shrink them.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub low_water: usize,
+    pub high_water: usize,
+    pub direction_max: usize,
+    pub wedge: Duration,
+    pub recheck: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            low_water: limits::SPLICE_LOW_WATER,
+            high_water: limits::SPLICE_HIGH_WATER,
+            direction_max: limits::SPLICE_OVERFLOW_DIRECTION_MAX,
+            wedge: Duration::from_millis(limits::WEDGE_TIMEOUT_MS),
+            recheck: Duration::from_millis(25),
+        }
+    }
+}
+
+/// The process-wide overflow budget (64 MiB): bytes held in overflow queues of all splices.
+#[derive(Debug)]
+pub struct Budget {
+    used: AtomicUsize,
+    max: usize,
+}
+
+impl Budget {
+    pub fn new(max: usize) -> Budget {
+        Budget {
+            used: AtomicUsize::new(0),
+            max,
+        }
+    }
+    /// Charges `n` bytes; false (nothing charged) when the process total would exceed the max.
+    fn charge(&self, n: usize) -> bool {
+        let prev = self.used.fetch_add(n, Ordering::Relaxed);
+        if prev + n > self.max {
+            self.used.fetch_sub(n, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+    fn refund(&self, n: usize) {
+        self.used.fetch_sub(n, Ordering::Relaxed);
+    }
+    /// Bytes currently queued in overflow, process-wide.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget::new(limits::SPLICE_OVERFLOW_PROCESS_MAX)
+    }
+}
+
+/// Which socket of the pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Phone,
+    Host,
+}
+
+/// Why a splice ended (protocol.md §8 teardown).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    /// That side closed, errored or vanished: both get 4408 `peer connection dropped`.
+    Dropped(Side),
+    /// That side sent a message over the leg maximum: it gets 1009, the other 4408.
+    Oversize(Side),
+    /// Per-direction or process overflow limit: both 4429 `relay queue limit exceeded`.
+    QueueLimit,
+    /// Overflow non-empty for the wedge timeout: both 4429 `wedged relay link`.
+    Wedged,
+    /// Closed from outside (drain, generation replaced, orphan grace over).
+    Killed(u16, &'static str),
+}
+
+impl End {
+    /// (phone close, host close).
+    pub fn closes(&self) -> ((u16, &'static str), (u16, &'static str)) {
+        let dropped = (close::PEER_DROPPED, reason::PEER_CONNECTION_DROPPED);
+        let too_big = (close::MESSAGE_TOO_BIG, "message too big");
+        match self {
+            End::Dropped(_) => (dropped, dropped),
+            End::Oversize(Side::Phone) => (too_big, dropped),
+            End::Oversize(Side::Host) => (dropped, too_big),
+            End::QueueLimit => {
+                let c = (close::LIMIT_EXCEEDED, reason::RELAY_QUEUE_LIMIT_EXCEEDED);
+                (c, c)
+            }
+            End::Wedged => {
+                let c = (close::LIMIT_EXCEEDED, reason::WEDGED_RELAY_LINK);
+                (c, c)
+            }
+            End::Killed(code, r) => ((*code, r), (*code, r)),
+        }
+    }
+    /// Abnormal ends are logged with the host digest.
+    pub fn is_abnormal(&self) -> bool {
+        !matches!(self, End::Dropped(_) | End::Killed(..))
+    }
+}
+
+/// Counters of one splice (reported at its end, not per frame).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Stats {
+    pub frames_to_host: u64,
+    pub frames_to_phone: u64,
+    pub bytes_to_host: u64,
+    pub bytes_to_phone: u64,
+}
+
+/// One direction's queues.
+#[derive(Default)]
+struct Dir {
+    overflow: VecDeque<Message>,
+    overflow_bytes: usize,
+    backlog: usize,
+    unflushed: bool,
+    /// The source answered a ping: its own writer holds a pong to flush.
+    src_pong: bool,
+    overflow_since: Option<Instant>,
+    frames: u64,
+    bytes: u64,
+}
+
+fn payload_len(m: &Message) -> usize {
+    match m {
+        Message::Text(t) => t.len(),
+        Message::Binary(b) => b.len(),
+        _ => 0,
+    }
+}
+
+/// Max frames moved per direction per poll before yielding to other tasks.
+const BATCH: usize = 64;
+
+impl Dir {
+    /// Moves frames `src` → `dst`. `Ready(end)` ends the splice; `Pending` means waiting on I/O.
+    fn pump<S>(
+        &mut self,
+        cx: &mut Context<'_>,
+        src: &mut WebSocketStream<S>,
+        dst: &mut WebSocketStream<S>,
+        src_side: Side,
+        limits: &Limits,
+        budget: &Budget,
+    ) -> Poll<End>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let dst_side = match src_side {
+            Side::Phone => Side::Host,
+            Side::Host => Side::Phone,
+        };
+        let mut moved = 0usize;
+        loop {
+            // Overflow first, while the writer is below low water.
+            while !self.overflow.is_empty() {
+                if self.backlog > limits.low_water {
+                    match Pin::new(&mut *dst).poll_flush(cx) {
+                        Poll::Ready(Ok(())) => {
+                            self.backlog = 0;
+                            self.unflushed = false;
+                        }
+                        Poll::Ready(Err(_)) => return Poll::Ready(End::Dropped(dst_side)),
+                        Poll::Pending => break,
+                    }
+                }
+                match Pin::new(&mut *dst).poll_ready(cx) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(_)) => return Poll::Ready(End::Dropped(dst_side)),
+                    Poll::Pending => break,
+                }
+                let m = self.overflow.pop_front().expect("non-empty");
+                let n = payload_len(&m);
+                self.overflow_bytes -= n;
+                budget.refund(n);
+                self.backlog += n;
+                self.unflushed = true;
+                if Pin::new(&mut *dst).start_send(m).is_err() {
+                    return Poll::Ready(End::Dropped(dst_side));
+                }
+            }
+            if !self.overflow.is_empty() {
+                if self.overflow_since.is_none() {
+                    self.overflow_since = Some(Instant::now());
+                }
+                break;
+            }
+            self.overflow_since = None;
+            if moved >= BATCH {
+                cx.waker().wake_by_ref();
+                break;
+            }
+            // Then the source, only while nothing is queued.
+            match Pin::new(&mut *src).poll_next(cx) {
+                Poll::Ready(Some(Ok(m))) => {
+                    let n = match &m {
+                        Message::Text(_) | Message::Binary(_) => payload_len(&m),
+                        Message::Close(_) => return Poll::Ready(End::Dropped(src_side)),
+                        Message::Ping(_) => {
+                            self.src_pong = true;
+                            continue;
+                        }
+                        Message::Pong(_) | Message::Frame(_) => continue,
+                    };
+                    moved += 1;
+                    self.frames += 1;
+                    self.bytes += n as u64;
+                    if self.backlog <= limits.high_water {
+                        match Pin::new(&mut *dst).poll_ready(cx) {
+                            Poll::Ready(Ok(())) => {
+                                self.backlog += n;
+                                self.unflushed = true;
+                                if Pin::new(&mut *dst).start_send(m).is_err() {
+                                    return Poll::Ready(End::Dropped(dst_side));
+                                }
+                                continue;
+                            }
+                            Poll::Ready(Err(_)) => return Poll::Ready(End::Dropped(dst_side)),
+                            Poll::Pending => {}
+                        }
+                    }
+                    if self.overflow_bytes + n > limits.direction_max || !budget.charge(n) {
+                        return Poll::Ready(End::QueueLimit);
+                    }
+                    self.overflow_bytes += n;
+                    self.overflow.push_back(m);
+                    // Try to make room right away (flush below), then loop to drain.
+                }
+                Poll::Ready(Some(Err(WsError::Capacity(_)))) => {
+                    return Poll::Ready(End::Oversize(src_side))
+                }
+                Poll::Ready(Some(Err(_))) | Poll::Ready(None) => {
+                    return Poll::Ready(End::Dropped(src_side))
+                }
+                Poll::Pending => break,
+            }
+            if self.backlog > limits.high_water || !self.overflow.is_empty() {
+                match Pin::new(&mut *dst).poll_flush(cx) {
+                    Poll::Ready(Ok(())) => {
+                        self.backlog = 0;
+                        self.unflushed = false;
+                    }
+                    Poll::Ready(Err(_)) => return Poll::Ready(End::Dropped(dst_side)),
+                    Poll::Pending => {}
+                }
+            }
+        }
+        // The source is momentarily empty (or blocked): flush what was fed.
+        if self.unflushed {
+            match Pin::new(&mut *dst).poll_flush(cx) {
+                Poll::Ready(Ok(())) => {
+                    self.backlog = 0;
+                    self.unflushed = false;
+                    if !self.overflow.is_empty() {
+                        // Room again: go around once more.
+                        cx.waker().wake_by_ref();
+                    }
+                }
+                Poll::Ready(Err(_)) => return Poll::Ready(End::Dropped(dst_side)),
+                Poll::Pending => {}
+            }
+        }
+        if self.src_pong {
+            match Pin::new(&mut *src).poll_flush(cx) {
+                Poll::Ready(Ok(())) => self.src_pong = false,
+                Poll::Ready(Err(_)) => return Poll::Ready(End::Dropped(src_side)),
+                Poll::Pending => {}
+            }
+        }
+        Poll::Pending
+    }
+
+    fn release(&mut self, budget: &Budget) {
+        budget.refund(self.overflow_bytes);
+        self.overflow_bytes = 0;
+        self.overflow.clear();
+    }
+}
+
+/// Runs the splice until it ends; closing the sockets is the caller's (see [`close_pair`]).
+pub async fn run<S>(
+    phone: &mut WebSocketStream<S>,
+    host: &mut WebSocketStream<S>,
+    kill: &mut oneshot::Receiver<(u16, &'static str)>,
+    limits: Limits,
+    budget: &Budget,
+) -> (End, Stats)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut up = Dir::default(); // phone → host
+    let mut down = Dir::default(); // host → phone
+    let mut kill_live = true;
+    let mut timer: Option<Pin<Box<Sleep>>> = None;
+    let end = poll_fn(|cx| {
+        if kill_live {
+            match Pin::new(&mut *kill).poll(cx) {
+                Poll::Ready(Ok((code, r))) => return Poll::Ready(End::Killed(code, r)),
+                // Sender dropped without a verdict: nobody can kill us any more.
+                Poll::Ready(Err(_)) => kill_live = false,
+                Poll::Pending => {}
+            }
+        }
+        if let Poll::Ready(end) = up.pump(cx, phone, host, Side::Phone, &limits, budget) {
+            return Poll::Ready(end);
+        }
+        if let Poll::Ready(end) = down.pump(cx, host, phone, Side::Host, &limits, budget) {
+            return Poll::Ready(end);
+        }
+        // Wedge timer and the 25 ms low-water re-check, only while something overflows.
+        let since = match (up.overflow_since, down.overflow_since) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if let Some(since) = since {
+            let now = Instant::now();
+            if now.duration_since(since) >= limits.wedge {
+                return Poll::Ready(End::Wedged);
+            }
+            let at = (now + limits.recheck).min(since + limits.wedge);
+            let t = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+            t.as_mut().reset(at);
+            if t.as_mut().poll(cx).is_ready() {
+                cx.waker().wake_by_ref();
+            }
+        }
+        Poll::Pending
+    })
+    .await;
+    up.release(budget);
+    down.release(budget);
+    let stats = Stats {
+        frames_to_host: up.frames,
+        frames_to_phone: down.frames,
+        bytes_to_host: up.bytes,
+        bytes_to_phone: down.bytes,
+    };
+    (end, stats)
+}
+
+use std::future::Future;
+
+/// Closes both sockets with the end's codes, concurrently, each with the 1 s force-terminate.
+pub async fn close_pair<S>(phone: &mut WebSocketStream<S>, host: &mut WebSocketStream<S>, end: &End)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let ((pc, pr), (hc, hr)) = end.closes();
+    tokio::join!(
+        super::ws::close(phone, pc, pr),
+        super::ws::close(host, hc, hr)
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::{SinkExt, StreamExt};
+    use tokio::io::DuplexStream;
+    use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+
+    type W = WebSocketStream<DuplexStream>;
+
+    async fn pair(buf: usize, max: usize) -> (W, W) {
+        let (a, b) = tokio::io::duplex(buf);
+        let cfg = WebSocketConfig::default()
+            .read_buffer_size(4096)
+            .write_buffer_size(32 * 1024)
+            .max_message_size(Some(max))
+            .max_frame_size(Some(max));
+        let server = WebSocketStream::from_raw_socket(a, Role::Server, Some(cfg)).await;
+        let client = WebSocketStream::from_raw_socket(b, Role::Client, Some(cfg)).await;
+        (server, client)
+    }
+
+    struct Rig {
+        phone: W,
+        host: W,
+        task: tokio::task::JoinHandle<(End, Stats)>,
+        kill: Option<oneshot::Sender<(u16, &'static str)>>,
+    }
+
+    async fn rig(buf: usize, limits: Limits, budget: std::sync::Arc<Budget>) -> Rig {
+        let (mut sp, phone) = pair(buf, 1 << 20).await;
+        let (mut sh, host) = pair(buf, 1 << 20).await;
+        let (tx, mut rx) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            let r = run(&mut sp, &mut sh, &mut rx, limits, &budget).await;
+            close_pair(&mut sp, &mut sh, &r.0).await;
+            r
+        });
+        Rig {
+            phone,
+            host,
+            task,
+            kill: Some(tx),
+        }
+    }
+
+    #[tokio::test]
+    async fn forwards_in_order_preserving_opcode() {
+        let mut r = rig(64 * 1024, Limits::default(), Default::default()).await;
+        r.phone.send(Message::text("hi")).await.unwrap();
+        assert_eq!(r.host.next().await.unwrap().unwrap(), Message::text("hi"));
+        r.host
+            .send(Message::binary(vec![0u8, 0xff, 0x10]))
+            .await
+            .unwrap();
+        assert_eq!(
+            r.phone.next().await.unwrap().unwrap(),
+            Message::binary(vec![0u8, 0xff, 0x10])
+        );
+        for i in 0..100u32 {
+            let m = if i % 2 == 0 {
+                Message::text(format!("t{i}"))
+            } else {
+                Message::binary(i.to_be_bytes().to_vec())
+            };
+            r.phone.feed(m.clone()).await.unwrap();
+            r.host.feed(m).await.unwrap();
+        }
+        r.phone.flush().await.unwrap();
+        r.host.flush().await.unwrap();
+        for i in 0..100u32 {
+            let want = if i % 2 == 0 {
+                Message::text(format!("t{i}"))
+            } else {
+                Message::binary(i.to_be_bytes().to_vec())
+            };
+            assert_eq!(r.host.next().await.unwrap().unwrap(), want);
+            assert_eq!(r.phone.next().await.unwrap().unwrap(), want);
+        }
+        r.phone.close(None).await.unwrap();
+        let (end, stats) = r.task.await.unwrap();
+        assert_eq!(end, End::Dropped(Side::Phone));
+        assert_eq!(stats.frames_to_host, 101);
+        assert_eq!(stats.frames_to_phone, 101);
+        match r.host.next().await.unwrap().unwrap() {
+            Message::Close(Some(f)) => {
+                assert_eq!(u16::from(f.code), 4408);
+                assert_eq!(f.reason.as_str(), "peer connection dropped");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn kill_closes_both_with_code() {
+        let mut r = rig(64 * 1024, Limits::default(), Default::default()).await;
+        r.kill
+            .take()
+            .unwrap()
+            .send((4503, "relay draining"))
+            .unwrap();
+        for ws in [&mut r.phone, &mut r.host] {
+            match ws.next().await.unwrap().unwrap() {
+                Message::Close(Some(f)) => {
+                    assert_eq!(u16::from(f.code), 4503);
+                    assert_eq!(f.reason.as_str(), "relay draining");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(r.task.await.unwrap().0, End::Killed(4503, "relay draining"));
+    }
+
+    #[tokio::test]
+    async fn oversize_side_gets_1009_other_4408() {
+        let mut r = rig(64 * 1024, Limits::default(), Default::default()).await;
+        // The relay may cut the sender off mid-message: the write error is expected.
+        let _ = r
+            .phone
+            .send(Message::binary(vec![1u8; (1 << 20) + 1]))
+            .await;
+        let code = |m: Message| match m {
+            Message::Close(Some(f)) => u16::from(f.code),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(code(r.host.next().await.unwrap().unwrap()), 4408);
+        assert_eq!(r.task.await.unwrap().0, End::Oversize(Side::Phone));
+    }
+
+    /// A phone that stops reading: overflow stays bounded (one message), the source is not read,
+    /// and the wedge timer closes both 4429.
+    #[tokio::test]
+    async fn stalled_reader_is_bounded_then_wedged() {
+        let budget = std::sync::Arc::new(Budget::default());
+        let limits = Limits {
+            wedge: Duration::from_millis(1_500),
+            ..Limits::default()
+        };
+        let r = rig(16 * 1024, limits, budget.clone()).await;
+        let Rig {
+            phone,
+            mut host,
+            task,
+            kill: _kill,
+        } = r;
+        let sender = tokio::spawn(async move {
+            let chunk = vec![7u8; 64 * 1024];
+            for _ in 0..1024 {
+                if host.send(Message::binary(chunk.clone())).await.is_err() {
+                    break;
+                }
+            }
+            host
+        });
+        // Let it saturate: the overflow holds at most one message.
+        let started = std::time::Instant::now();
+        while !task.is_finished() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert!(budget.used() <= 64 * 1024, "overflow {}", budget.used());
+        }
+        let (end, stats) = task.await.unwrap();
+        assert_eq!(end, End::Wedged);
+        assert!(started.elapsed() < Duration::from_millis(4_000));
+        assert!(stats.bytes_to_phone < 2 * 1024 * 1024);
+        assert_eq!(budget.used(), 0);
+        drop(phone);
+        sender.abort();
+    }
+
+    #[tokio::test]
+    async fn process_budget_limit_closes_4429() {
+        // A budget smaller than one message: the first overflow hits the process limit.
+        let budget = std::sync::Arc::new(Budget::new(1000));
+        let r = rig(4 * 1024, Limits::default(), budget.clone()).await;
+        let Rig {
+            phone: _phone,
+            mut host,
+            task,
+            kill: _kill,
+        } = r;
+        tokio::spawn(async move {
+            for _ in 0..200 {
+                if host
+                    .send(Message::binary(vec![1u8; 64 * 1024]))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        });
+        assert_eq!(task.await.unwrap().0, End::QueueLimit);
+        assert_eq!(budget.used(), 0);
+    }
+}

@@ -1,0 +1,193 @@
+//! WebSocket plumbing shared by the three legs: per-leg configuration, the raw refusal responses of
+//! the upgrade gates, the 101 upgrade, and closing with a 1 s force-terminate (protocol.md §1).
+//!
+//! warp's `Ws` builder cannot set tungstenite's read buffer (128 KiB per socket by default, zero-filled
+//! before each read), so legs are upgraded with hyper and wrapped with an explicit
+//! [`WebSocketConfig`]: a small read buffer keeps idle sockets cheap and reads fast.
+
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use http::{HeaderValue, StatusCode};
+use hyper::body::Incoming;
+use hyper::upgrade::Upgraded;
+use hyper_util::rt::TokioIo;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+use crate::contract::limits;
+use crate::http::Response;
+
+/// A server-side leg socket.
+pub type Ws = WebSocketStream<TokioIo<Upgraded>>;
+
+/// Bytes tungstenite reads per `read` call (its buffer is allocated per socket and zero-filled
+/// before every read, so this is both the idle cost and the per-read cost).
+pub const READ_BUFFER: usize = 4 * 1024;
+/// Frames accumulate in tungstenite's out buffer up to this size before a write to the kernel
+/// (the splice flushes explicitly when its inbound side is momentarily empty).
+pub const WRITE_BUFFER: usize = 32 * 1024;
+
+/// The three legs (protocol.md §1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leg {
+    Control,
+    Data,
+    Phone,
+}
+
+impl Leg {
+    pub fn name(self) -> &'static str {
+        match self {
+            Leg::Control => "control",
+            Leg::Data => "data",
+            Leg::Phone => "phone",
+        }
+    }
+    pub fn max_message(self) -> usize {
+        match self {
+            Leg::Control => limits::CONTROL_MAX_MESSAGE,
+            Leg::Data => limits::DATA_MAX_MESSAGE,
+            Leg::Phone => limits::PHONE_MAX_MESSAGE,
+        }
+    }
+}
+
+/// The tungstenite configuration of a leg: max message (1009 above it), small read buffer,
+/// bounded write buffer. `permessage-deflate` is never negotiated (no extension support compiled).
+pub fn config(leg: Leg) -> WebSocketConfig {
+    let max = leg.max_message();
+    WebSocketConfig::default()
+        .read_buffer_size(READ_BUFFER)
+        .write_buffer_size(WRITE_BUFFER)
+        .max_message_size(Some(max))
+        .max_frame_size(Some(max))
+}
+
+/// A gate refusal: `HTTP/1.1 <status>`, `Connection: close`, `Content-Length: 0`, plus
+/// `Retry-After: 2` on 503 (protocol.md §1.1).
+pub fn refuse(status: StatusCode) -> Response {
+    let mut r = Response::default();
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    h.insert(http::header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("2"));
+    }
+    r
+}
+
+/// Is this a WebSocket upgrade request (RFC 6455 §4.2.1)? Returns the `Sec-WebSocket-Key`.
+pub fn ws_key(req: &http::Request<Incoming>) -> Option<HeaderValue> {
+    let h = req.headers();
+    let has_token = |name: http::header::HeaderName, token: &str| {
+        h.get_all(name).iter().any(|v| {
+            v.to_str().is_ok_and(|s| {
+                s.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case(token))
+            })
+        })
+    };
+    if req.method() != http::Method::GET
+        || !has_token(http::header::UPGRADE, "websocket")
+        || !has_token(http::header::CONNECTION, "upgrade")
+        || h.get(http::header::SEC_WEBSOCKET_VERSION).map(|v| v.as_bytes()) != Some(b"13")
+    {
+        return None;
+    }
+    h.get(http::header::SEC_WEBSOCKET_KEY).cloned()
+}
+
+/// Answers 101 and returns the future socket. No extension or subprotocol is ever accepted.
+pub fn accept(
+    req: &mut http::Request<Incoming>,
+    key: &HeaderValue,
+    leg: Leg,
+) -> (Response, impl std::future::Future<Output = Option<Ws>>) {
+    let on_upgrade = hyper::upgrade::on(req);
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let mut r = Response::default();
+    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = r.headers_mut();
+    h.insert(http::header::CONNECTION, HeaderValue::from_static("upgrade"));
+    h.insert(http::header::UPGRADE, HeaderValue::from_static("websocket"));
+    if let Ok(v) = HeaderValue::from_str(&accept) {
+        h.insert(http::header::SEC_WEBSOCKET_ACCEPT, v);
+    }
+    let fut = async move {
+        let upgraded = on_upgrade.await.ok()?;
+        Some(
+            WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(config(leg)))
+                .await,
+        )
+    };
+    (r, fut)
+}
+
+/// The close frame of `code` / `reason`.
+pub fn close_frame(code: u16, reason: &str) -> Message {
+    Message::Close(Some(CloseFrame {
+        code: CloseCode::from(code),
+        reason: reason.into(),
+    }))
+}
+
+/// Relay-initiated close: send the close frame, wait for the peer's close (or EOF), and give up
+/// (dropping the TCP connection) after 1 000 ms (protocol.md §1.4).
+pub async fn close<S>(ws: &mut WebSocketStream<S>, code: u16, reason: &str)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let _ = tokio::time::timeout(Duration::from_millis(limits::CLOSE_FORCE_MS), async {
+        if ws.send(close_frame(code, reason)).await.is_err() {
+            return;
+        }
+        while let Some(Ok(_)) = ws.next().await {}
+    })
+    .await;
+}
+
+/// Sends one JSON text frame.
+pub async fn send_json<S>(ws: &mut WebSocketStream<S>, v: &serde_json::Value) -> bool
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    ws.send(Message::text(v.to_string())).await.is_ok()
+}
+
+/// The first frame of a leg (2 000 ms deadline).
+pub enum First {
+    Text(String),
+    Binary,
+    Timeout,
+    /// Message over the leg maximum: close 1009.
+    Oversize,
+    /// Closed or errored before a frame.
+    Gone,
+}
+
+/// Reads the first data frame, answering pings on the way.
+pub async fn first_frame<S>(ws: &mut WebSocketStream<S>, deadline: Duration) -> First
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let read = async {
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Text(t))) => return First::Text(t.as_str().to_owned()),
+                Some(Ok(Message::Binary(_))) => return First::Binary,
+                Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => continue,
+                Some(Err(tokio_tungstenite::tungstenite::Error::Capacity(_))) => {
+                    return First::Oversize
+                }
+                _ => return First::Gone,
+            }
+        }
+    };
+    tokio::time::timeout(deadline, read)
+        .await
+        .unwrap_or(First::Timeout)
+}

@@ -1,0 +1,811 @@
+//! Phone credentials (protocol.md §7): invites, devices with resume tokens, connection bases,
+//! direct authorizations, install/confirm results, rate windows and audit events.
+//!
+//! Tokens never touch the database: only `token_hash` (unpadded base64url SHA-256 of the token
+//! text). Audit rows never contain a token or hash. Activities (`invite-offer:<reqId>` etc.) are the
+//! cell's business; operations that end an invite return the `reqId`s whose offer activity the cell
+//! must release.
+
+use serde_json::{json, Value as Json};
+
+use super::{Db, DbError, Tx};
+use crate::contract::limits;
+use crate::crypto::{ct_eq_str, random_b64u32, token_hash};
+use crate::params;
+use crate::store::assignments::HostKey;
+use crate::transaction;
+
+/// A refused credential operation: the `control-error` code, or a store failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CredError {
+    Code(&'static str),
+    Db(DbError),
+}
+
+impl CredError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            CredError::Code(c) => c,
+            CredError::Db(_) => "control_operation_failed",
+        }
+    }
+}
+
+impl From<DbError> for CredError {
+    fn from(e: DbError) -> Self {
+        CredError::Db(e)
+    }
+}
+
+impl super::RetryClass for CredError {
+    fn retry_code(&self) -> Option<&'static str> {
+        match self {
+            CredError::Db(e) => e.retry_code(),
+            CredError::Code(_) => None,
+        }
+    }
+}
+
+fn uuid() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+async fn audit(tx: &mut Tx, kind: &str, host: &HostKey, device: &str, detail: Json, now: i64) -> Result<(), DbError> {
+    tx.execute(
+        "INSERT INTO relay_audit_events (event_id, kind, user_id, relay_host_id, relay_device_id, detail, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        params![uuid(), kind, host.user_id.as_str(), host.relay_host_id.as_str(), device, detail.to_string(), now],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Invalidates the device's non-terminal invites; returns their offer `reqId`s.
+async fn invalidate_device_invites(tx: &mut Tx, host: &HostKey, device: &str, now: i64) -> Result<Vec<String>, DbError> {
+    let rows = tx
+        .query(
+            "UPDATE relay_invites SET state = 'invalidated', updated_at = $4 \
+             WHERE user_id = $1 AND relay_host_id = $2 AND relay_device_id = $3 \
+             AND state IN ('available', 'reserved', 'cooldown') RETURNING offer_req_id",
+            params![host.user_id.as_str(), host.relay_host_id.as_str(), device, now],
+        )
+        .await?;
+    Ok(rows.iter().filter_map(|r| r.opt_str(0)).collect())
+}
+
+/// A freshly minted invite.
+#[derive(Debug, Clone)]
+pub struct NewInvite {
+    pub token: String,
+    pub expires_at: i64,
+    /// Offer `reqId`s of the invites this one invalidated.
+    pub invalidated_offers: Vec<String>,
+}
+
+/// `invite-create` (§7.1): mint rate (30 per fixed minute per user), invalidate the device's live
+/// invites, insert an `available` invite expiring now + 570 000.
+pub async fn create_invite(db: &Db, host: &HostKey, device: &str, req_id: &str, now: i64) -> Result<NewInvite, CredError> {
+    let window = now.div_euclid(60_000) * 60_000;
+    let scope = format!("account:{}", host.user_id);
+    let token = random_b64u32();
+    let hash = token_hash(&token);
+    let expires_at = now + limits::INVITE_TTL_MS;
+    let invalidated_offers = transaction!(db, "invite-create", |tx| {
+        let row = tx
+            .query_opt(
+                "INSERT INTO relay_rate_windows (scope, kind, window_start, count) VALUES ($1, 'invite-mint', $2, 1) \
+                 ON CONFLICT (scope, kind, window_start) DO UPDATE SET count = relay_rate_windows.count + 1 \
+                 RETURNING count",
+                params![scope.as_str(), window],
+            )
+            .await?;
+        if row.map(|r| r.i64(0)).unwrap_or(0) > limits::INVITE_MINT_PER_MINUTE {
+            return Err(CredError::Code("rate_limit_exceeded"));
+        }
+        let offers = invalidate_device_invites(tx, host, device, now).await?;
+        tx.execute(
+            "INSERT INTO relay_invites (token_hash, user_id, relay_host_id, relay_device_id, state, attempt_count, \
+             max_attempts, expires_at, offer_req_id, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, 'available', 0, $5, $6, $7, $8, $8)",
+            params![hash.as_str(), host.user_id.as_str(), host.relay_host_id.as_str(), device,
+                limits::INVITE_MAX_ATTEMPTS, expires_at, req_id, now],
+        )
+        .await?;
+        audit(tx, "invite-created", host, device, json!({"expiresAt": expires_at}), now).await?;
+        Ok::<_, CredError>(offers)
+    })?;
+    Ok(NewInvite {
+        token,
+        expires_at,
+        invalidated_offers,
+    })
+}
+
+/// What a phone credential resolves to (§7.1 resolve, §7.2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolved {
+    Invite {
+        hash: String,
+        user_id: String,
+        device: String,
+    },
+    Resume {
+        user_id: String,
+        device: String,
+        version: i64,
+        /// `current` or `grace`.
+        accepted_as: &'static str,
+        current_expires_at: i64,
+        grace_expires_at: Option<i64>,
+    },
+}
+
+impl Resolved {
+    pub fn user_id(&self) -> &str {
+        match self {
+            Resolved::Invite { user_id, .. } | Resolved::Resume { user_id, .. } => user_id,
+        }
+    }
+    pub fn device(&self) -> &str {
+        match self {
+            Resolved::Invite { device, .. } | Resolved::Resume { device, .. } => device,
+        }
+    }
+}
+
+/// Resolves `token` for `relay_host_id`: as a resume token first, else as an invite. Unknown,
+/// consumed, expired, revoked or exhausted credentials resolve to `None`.
+pub async fn resolve(db: &Db, relay_host_id: &str, token: &str, now: i64) -> Result<Option<Resolved>, DbError> {
+    let hash = token_hash(token);
+    let rows = db
+        .query(
+            "SELECT user_id, relay_device_id, current_hash, current_version, current_expires_at, grace_hash, \
+             grace_version, grace_expires_at FROM relay_devices \
+             WHERE relay_host_id = $1 AND (current_hash = $2 OR grace_hash = $2) AND revoked_at IS NULL",
+            params![relay_host_id, hash.as_str()],
+        )
+        .await?;
+    for r in &rows {
+        let grace_expires = r.opt_i64(7);
+        if ct_eq_str(&r.str(2), &hash) && r.i64(4) > now {
+            return Ok(Some(Resolved::Resume {
+                user_id: r.str(0),
+                device: r.str(1),
+                version: r.i64(3),
+                accepted_as: "current",
+                current_expires_at: r.i64(4),
+                grace_expires_at: grace_expires,
+            }));
+        }
+        if r.opt_str(5).is_some_and(|g| ct_eq_str(&g, &hash)) && grace_expires.is_some_and(|g| g > now) {
+            return Ok(Some(Resolved::Resume {
+                user_id: r.str(0),
+                device: r.str(1),
+                version: r.opt_i64(6).unwrap_or(0),
+                accepted_as: "grace",
+                current_expires_at: r.i64(4),
+                grace_expires_at: grace_expires,
+            }));
+        }
+    }
+    let row = db
+        .query(
+            "SELECT user_id, relay_device_id, token_hash FROM relay_invites WHERE token_hash = $1 AND relay_host_id = $2 \
+             AND state IN ('available', 'reserved', 'cooldown') AND attempt_count < max_attempts AND expires_at > $3",
+            params![hash.as_str(), relay_host_id, now],
+        )
+        .await?;
+    Ok(row.first().filter(|r| ct_eq_str(&r.str(2), &hash)).map(|r| Resolved::Invite {
+        hash: r.str(2),
+        user_id: r.str(0),
+        device: r.str(1),
+    }))
+}
+
+/// A held invite reservation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    pub id: String,
+    pub lease_expires_at: i64,
+}
+
+/// Reserve (§7.1): `available`, or `cooldown` past its time, with attempts < max → `reserved`,
+/// attempts + 1, lease = min(expiresAt, now + 15 000). A lapsed reservation turns `cooldown`.
+pub async fn reserve_invite(db: &Db, hash: &str, now: i64) -> Result<Option<Reservation>, DbError> {
+    transaction!(db, "invite-reserve", |tx| {
+        let Some(r) = tx
+            .query_opt(
+                "SELECT state, attempt_count, max_attempts, expires_at, reservation_expires_at, cooldown_until \
+                 FROM relay_invites WHERE token_hash = $1 FOR UPDATE",
+                params![hash],
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        let (state, attempts, max, expires) = (r.str(0), r.i64(1), r.i64(2), r.i64(3));
+        if expires <= now {
+            tx.execute(
+                "UPDATE relay_invites SET state = 'expired', updated_at = $2 WHERE token_hash = $1 \
+                 AND state IN ('available', 'reserved', 'cooldown')",
+                params![hash, now],
+            )
+            .await?;
+            return Ok(None);
+        }
+        if state == "reserved" {
+            if r.opt_i64(4).is_some_and(|l| l <= now) {
+                tx.execute(
+                    "UPDATE relay_invites SET state = 'cooldown', reservation_id = NULL, cooldown_until = $2, \
+                     updated_at = $3 WHERE token_hash = $1",
+                    params![hash, now + limits::INVITE_COOLDOWN_MS, now],
+                )
+                .await?;
+            }
+            return Ok(None);
+        }
+        let ready = state == "available" || (state == "cooldown" && r.opt_i64(5).is_none_or(|c| c <= now));
+        if !ready || attempts >= max {
+            return Ok(None);
+        }
+        let id = uuid();
+        let lease = expires.min(now + limits::INVITE_RESERVATION_LEASE_MS);
+        tx.execute(
+            "UPDATE relay_invites SET state = 'reserved', attempt_count = attempt_count + 1, reservation_id = $2, \
+             reservation_expires_at = $3, cooldown_until = NULL, updated_at = $4 WHERE token_hash = $1",
+            params![hash, id.as_str(), lease, now],
+        )
+        .await?;
+        Ok::<_, DbError>(Some(Reservation {
+            id,
+            lease_expires_at: lease,
+        }))
+    })
+}
+
+/// Fail (§7.1): a failure after reservation while still reserved under `reservation_id`:
+/// attempts ≥ 5 → `invalidated` (returns its offer `reqId`), else `cooldown` for 2 000 ms.
+pub async fn fail_invite(db: &Db, hash: &str, reservation_id: &str, now: i64) -> Result<Option<String>, DbError> {
+    transaction!(db, "invite-fail", |tx| {
+        let Some(r) = tx
+            .query_opt(
+                "SELECT attempt_count, max_attempts, offer_req_id FROM relay_invites \
+                 WHERE token_hash = $1 AND state = 'reserved' AND reservation_id = $2 FOR UPDATE",
+                params![hash, reservation_id],
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        if r.i64(0) >= r.i64(1) {
+            tx.execute(
+                "UPDATE relay_invites SET state = 'invalidated', reservation_id = NULL, updated_at = $2 WHERE token_hash = $1",
+                params![hash, now],
+            )
+            .await?;
+            return Ok(r.opt_str(2));
+        }
+        tx.execute(
+            "UPDATE relay_invites SET state = 'cooldown', reservation_id = NULL, cooldown_until = $2, updated_at = $3 \
+             WHERE token_hash = $1",
+            params![hash, now + limits::INVITE_COOLDOWN_MS, now],
+        )
+        .await?;
+        Ok::<_, DbError>(None)
+    })
+}
+
+/// A connection basis (§6 step 4): what a later install or confirmation may rely on.
+#[derive(Debug, Clone)]
+pub struct Basis {
+    pub conn_id: String,
+    pub host: HostKey,
+    pub device: String,
+    pub generation: i64,
+    /// `invite` or `resume`.
+    pub kind: &'static str,
+    pub invite_hash: Option<String>,
+    pub accepted_version: Option<i64>,
+    pub accepted_as: Option<&'static str>,
+    pub deadline: i64,
+}
+
+pub async fn persist_basis(db: &Db, b: &Basis, now: i64) -> Result<(), DbError> {
+    db.execute(
+        "INSERT INTO relay_connection_bases (basis_conn_id, user_id, relay_host_id, relay_device_id, \
+         owning_control_generation, credential_kind, invite_token_hash, accepted_credential_version, accepted_as, \
+         deadline, active, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        params![b.conn_id.as_str(), b.host.user_id.as_str(), b.host.relay_host_id.as_str(), b.device.as_str(),
+            b.generation, b.kind, b.invite_hash.clone(), b.accepted_version, b.accepted_as, b.deadline, true, now],
+    )
+    .await?;
+    Ok(())
+}
+
+/// The splice ended (or attachment failed): the basis no longer authorises anything.
+pub async fn deactivate_basis(db: &Db, conn_id: &str) -> Result<(), DbError> {
+    db.execute(
+        "UPDATE relay_connection_bases SET active = $2 WHERE basis_conn_id = $1",
+        params![conn_id, false],
+    )
+    .await?;
+    Ok(())
+}
+
+/// `device-credential-install` authorization.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InstallAuth {
+    RelayBasis { basis_conn_id: String },
+    AuthenticatedDirect { direct_auth_id: String },
+}
+
+#[derive(Debug, Clone)]
+pub struct InstallRequest {
+    pub req_id: String,
+    pub device: String,
+    pub new_hash: String,
+    pub expected_current_hash: Option<String>,
+    pub auth: InstallAuth,
+}
+
+/// The outcome of an install: the result object (without `type`) and the offer `reqId`s of
+/// invites it ended.
+#[derive(Debug, Clone)]
+pub struct Installed {
+    pub result: Json,
+    pub ended_offers: Vec<String>,
+}
+
+/// `device-credential-install` (§7.2 steps 1–6). `session_active`: the session is `active` (an
+/// `authenticated-direct` install needs it).
+pub async fn install(
+    db: &Db,
+    host: &HostKey,
+    req: &InstallRequest,
+    generation: i64,
+    session_active: bool,
+    now: i64,
+) -> Result<Installed, CredError> {
+    transaction!(db, "credential-install", |tx| {
+        install_tx(tx, host, req, generation, session_active, now).await
+    })
+}
+
+async fn install_tx(
+    tx: &mut Tx,
+    host: &HostKey,
+    req: &InstallRequest,
+    generation: i64,
+    session_active: bool,
+    now: i64,
+) -> Result<Installed, CredError> {
+    let (u, h, d) = (host.user_id.as_str(), host.relay_host_id.as_str(), req.device.as_str());
+    if let Some(r) = tx
+        .query_opt(
+            "SELECT result_json FROM relay_install_results WHERE user_id = $1 AND relay_host_id = $2 \
+             AND relay_device_id = $3 AND req_id = $4",
+            params![u, h, d, req.req_id.as_str()],
+        )
+        .await?
+    {
+        let result = serde_json::from_str(&r.str(0)).map_err(|e| DbError::Fatal(e.to_string()))?;
+        return Ok(Installed {
+            result,
+            ended_offers: Vec::new(),
+        });
+    }
+    let mode;
+    let mut invite_hash = None;
+    match &req.auth {
+        InstallAuth::RelayBasis { basis_conn_id } => {
+            mode = "relay-basis";
+            let basis = tx
+                .query_opt(
+                    "SELECT invite_token_hash FROM relay_connection_bases WHERE basis_conn_id = $1 AND user_id = $2 \
+                     AND relay_host_id = $3 AND relay_device_id = $4 AND credential_kind = 'invite' \
+                     AND owning_control_generation = $5 AND active = $6 AND deadline >= $7",
+                    params![basis_conn_id.as_str(), u, h, d, generation, true, now],
+                )
+                .await?;
+            match basis.and_then(|b| b.opt_str(0)) {
+                Some(hash) => invite_hash = Some(hash),
+                None => return Err(CredError::Code("invalid_relay_basis")),
+            }
+        }
+        InstallAuth::AuthenticatedDirect { direct_auth_id } => {
+            mode = "authenticated-direct";
+            if !session_active {
+                return Err(CredError::Code("authorization_expired"));
+            }
+            let seen = tx
+                .query_opt(
+                    "SELECT 1 FROM relay_direct_authorizations WHERE direct_auth_id = $1",
+                    params![direct_auth_id.as_str()],
+                )
+                .await?;
+            if seen.is_some() {
+                return Err(CredError::Code("invalid_direct_authorization"));
+            }
+            tx.execute(
+                "INSERT INTO relay_direct_authorizations (direct_auth_id, user_id, relay_host_id, relay_device_id, \
+                 owning_control_generation, deadline, consumed_at) VALUES ($1, $2, $3, $4, $5, $6, NULL)",
+                params![direct_auth_id.as_str(), u, h, d, generation, now + limits::RESUME_BASIS_DEADLINE_MS],
+            )
+            .await?;
+        }
+    }
+    let device = tx
+        .query_opt(
+            "SELECT current_hash, current_version, current_expires_at FROM relay_devices \
+             WHERE user_id = $1 AND relay_host_id = $2 AND relay_device_id = $3 FOR UPDATE",
+            params![u, h, d],
+        )
+        .await?;
+    if let Some(expected) = &req.expected_current_hash {
+        let matches = device.as_ref().is_some_and(|r| ct_eq_str(&r.str(0), expected));
+        if !matches {
+            return Err(CredError::Code("current_hash_mismatch"));
+        }
+    }
+    let current_expires = now + limits::RESUME_TTL_MS;
+    let (version, grace_expires) = match &device {
+        Some(r) => {
+            let version = r.i64(1) + 1;
+            let grace_expires = now + limits::RESUME_GRACE_MS;
+            tx.execute(
+                "UPDATE relay_devices SET grace_hash = current_hash, grace_version = current_version, \
+                 grace_expires_at = $4, current_hash = $5, current_version = $6, current_expires_at = $7, \
+                 revoked_at = NULL, updated_at = $8 WHERE user_id = $1 AND relay_host_id = $2 AND relay_device_id = $3",
+                params![u, h, d, grace_expires, req.new_hash.as_str(), version, current_expires, now],
+            )
+            .await?;
+            (version, Some(grace_expires))
+        }
+        None => {
+            tx.execute(
+                "INSERT INTO relay_devices (user_id, relay_host_id, relay_device_id, current_hash, current_version, \
+                 current_expires_at, created_at, updated_at) VALUES ($1, $2, $3, $4, 1, $5, $6, $6)",
+                params![u, h, d, req.new_hash.as_str(), current_expires, now],
+            )
+            .await?;
+            (1, None)
+        }
+    };
+    let mut ended_offers = Vec::new();
+    match invite_hash {
+        Some(hash) => {
+            let rows = tx
+                .query(
+                    "UPDATE relay_invites SET state = 'consumed', reservation_id = NULL, updated_at = $2 \
+                     WHERE token_hash = $1 RETURNING offer_req_id",
+                    params![hash.as_str(), now],
+                )
+                .await?;
+            ended_offers.extend(rows.iter().filter_map(|r| r.opt_str(0)));
+        }
+        None => ended_offers.extend(invalidate_device_invites(tx, host, d, now).await?),
+    }
+    tx.execute(
+        "UPDATE relay_direct_authorizations SET consumed_at = $4 WHERE user_id = $1 AND relay_host_id = $2 \
+         AND relay_device_id = $3 AND consumed_at IS NULL",
+        params![u, h, d, now],
+    )
+    .await?;
+    let mut result = json!({
+        "v": 1,
+        "reqId": req.req_id,
+        "authorizationMode": mode,
+        "currentVersion": version,
+        "resumeExpiresAt": current_expires,
+    });
+    if let Some(g) = grace_expires {
+        result["graceExpiresAt"] = json!(g);
+    }
+    tx.execute(
+        "INSERT INTO relay_install_results (user_id, relay_host_id, relay_device_id, req_id, result_json, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
+        params![u, h, d, req.req_id.as_str(), result.to_string(), now],
+    )
+    .await?;
+    audit(tx, "credential-installed", host, d, json!({"mode": mode, "currentVersion": version}), now).await?;
+    Ok(Installed {
+        result,
+        ended_offers,
+    })
+}
+
+/// `device-credential-install-status`: the stored result, if any.
+pub async fn install_status(db: &Db, host: &HostKey, device: &str, req_id: &str) -> Result<Option<Json>, DbError> {
+    let rows = db
+        .query(
+            "SELECT result_json FROM relay_install_results WHERE user_id = $1 AND relay_host_id = $2 \
+             AND relay_device_id = $3 AND req_id = $4",
+            params![host.user_id.as_str(), host.relay_host_id.as_str(), device, req_id],
+        )
+        .await?;
+    match rows.first() {
+        Some(r) => serde_json::from_str(&r.str(0)).map(Some).map_err(|e| DbError::Fatal(e.to_string())),
+        None => Ok(None),
+    }
+}
+
+/// `device-resume-confirm` (§7.2). Returns the result object (without `type`).
+pub async fn confirm(db: &Db, host: &HostKey, req_id: &str, basis_conn_id: &str, generation: i64, now: i64) -> Result<Json, CredError> {
+    transaction!(db, "resume-confirm", |tx| {
+        let (u, h) = (host.user_id.as_str(), host.relay_host_id.as_str());
+        if let Some(r) = tx
+            .query_opt(
+                "SELECT basis_conn_id, result_json FROM relay_confirm_results WHERE user_id = $1 AND relay_host_id = $2 \
+                 AND req_id = $3",
+                params![u, h, req_id],
+            )
+            .await?
+        {
+            if r.str(0) != basis_conn_id {
+                return Err(CredError::Code("confirmation_tuple_mismatch"));
+            }
+            return serde_json::from_str(&r.str(1)).map_err(|e| CredError::Db(DbError::Fatal(e.to_string())));
+        }
+        let Some(b) = tx
+            .query_opt(
+                "SELECT relay_device_id, accepted_credential_version, accepted_as FROM relay_connection_bases \
+                 WHERE basis_conn_id = $1 AND user_id = $2 AND relay_host_id = $3 AND credential_kind = 'resume' \
+                 AND owning_control_generation = $4 AND active = $5 AND deadline >= $6",
+                params![basis_conn_id, u, h, generation, true, now],
+            )
+            .await?
+        else {
+            return Err(CredError::Code("confirmation_not_active"));
+        };
+        let (device, accepted_version, accepted_as) = (b.str(0), b.opt_i64(1).unwrap_or(0), b.opt_str(2).unwrap_or_default());
+        let Some(d) = tx
+            .query_opt(
+                "SELECT current_version, current_expires_at, grace_version, grace_expires_at, revoked_at \
+                 FROM relay_devices WHERE user_id = $1 AND relay_host_id = $2 AND relay_device_id = $3 FOR UPDATE",
+                params![u, h, device.as_str()],
+            )
+            .await?
+        else {
+            return Err(CredError::Code("credential_not_found"));
+        };
+        let (cur_v, mut cur_exp, grace_v, grace_exp) = (d.i64(0), d.i64(1), d.opt_i64(2), d.opt_i64(3));
+        let renewed = if !d.is_null(4) {
+            return Err(CredError::Code("reject-revoked"));
+        } else if accepted_version == cur_v {
+            if cur_exp <= now {
+                return Err(CredError::Code("reject-expired"));
+            }
+            true
+        } else if Some(accepted_version) == grace_v {
+            if grace_exp.is_none_or(|g| g <= now) {
+                return Err(CredError::Code("reject-expired"));
+            }
+            false
+        } else {
+            return Err(CredError::Code("reject-retired"));
+        };
+        if renewed {
+            cur_exp = now + limits::RESUME_TTL_MS;
+            tx.execute(
+                "UPDATE relay_devices SET current_expires_at = $4, updated_at = $5 WHERE user_id = $1 \
+                 AND relay_host_id = $2 AND relay_device_id = $3",
+                params![u, h, device.as_str(), cur_exp, now],
+            )
+            .await?;
+        }
+        let mut result = json!({
+            "v": 1,
+            "reqId": req_id,
+            "currentVersion": cur_v,
+            "acceptedAs": accepted_as,
+            "renewed": renewed,
+            "resumeExpiresAt": cur_exp,
+        });
+        if let Some(g) = grace_exp.filter(|_| grace_v.is_some()) {
+            result["graceExpiresAt"] = json!(g);
+        }
+        tx.execute(
+            "INSERT INTO relay_confirm_results (user_id, relay_host_id, req_id, basis_conn_id, result_json, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+            params![u, h, req_id, basis_conn_id, result.to_string(), now],
+        )
+        .await?;
+        audit(tx, "resume-confirmed", host, &device, json!({"renewed": renewed, "currentVersion": cur_v}), now).await?;
+        Ok::<_, CredError>(result)
+    })
+}
+
+/// `device-revoke`: sets `revoked_at`, invalidates every invite of the device (returns their offer
+/// `reqId`s), audits. An unknown device is fine.
+pub async fn revoke(db: &Db, host: &HostKey, device: &str, now: i64) -> Result<Vec<String>, DbError> {
+    transaction!(db, "device-revoke", |tx| {
+        tx.execute(
+            "UPDATE relay_devices SET revoked_at = $4, updated_at = $4 WHERE user_id = $1 AND relay_host_id = $2 \
+             AND relay_device_id = $3",
+            params![host.user_id.as_str(), host.relay_host_id.as_str(), device, now],
+        )
+        .await?;
+        let offers = invalidate_device_invites(tx, host, device, now).await?;
+        audit(tx, "device-revoked", host, device, json!({}), now).await?;
+        Ok::<_, DbError>(offers)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::testing::backends;
+
+    fn host() -> HostKey {
+        HostKey {
+            user_id: "u1".into(),
+            relay_host_id: "abcdefghijklmnop".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn invite_lifecycle_on_both_backends() {
+        for t in backends().await {
+            let db = &t.db;
+            let now = 1_700_000_000_000;
+            let h = host();
+            let a = create_invite(db, &h, "d1", "r1", now).await.unwrap();
+            assert_eq!(a.expires_at, now + 570_000);
+            let hash = match resolve(db, &h.relay_host_id, &a.token, now).await.unwrap() {
+                Some(Resolved::Invite { hash, user_id, device }) => {
+                    assert_eq!((user_id.as_str(), device.as_str()), ("u1", "d1"));
+                    hash
+                }
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(resolve(db, "zzzzzzzzzzzzzzzz", &a.token, now).await.unwrap(), None);
+            // Reserve, a second reserve fails while held, fail → cooldown 2 s.
+            let r = reserve_invite(db, &hash, now).await.unwrap().unwrap();
+            assert_eq!(r.lease_expires_at, now + 15_000);
+            assert!(reserve_invite(db, &hash, now).await.unwrap().is_none());
+            assert_eq!(fail_invite(db, &hash, &r.id, now).await.unwrap(), None);
+            assert!(reserve_invite(db, &hash, now + 1_999).await.unwrap().is_none());
+            let mut t0 = now + 2_000;
+            for attempt in 2..=5 {
+                let r = reserve_invite(db, &hash, t0).await.unwrap().unwrap();
+                let ended = fail_invite(db, &hash, &r.id, t0).await.unwrap();
+                if attempt == 5 {
+                    assert_eq!(ended.as_deref(), Some("r1"), "5th failure invalidates");
+                }
+                t0 += 2_000;
+            }
+            assert_eq!(resolve(db, &h.relay_host_id, &a.token, t0).await.unwrap(), None);
+            // A newer invite invalidates the older one.
+            let b = create_invite(db, &h, "d2", "r2", now).await.unwrap();
+            let c = create_invite(db, &h, "d2", "r3", now).await.unwrap();
+            assert_eq!(c.invalidated_offers, vec!["r2".to_string()]);
+            assert_eq!(resolve(db, &h.relay_host_id, &b.token, now).await.unwrap(), None);
+            assert!(resolve(db, &h.relay_host_id, &c.token, now).await.unwrap().is_some());
+            // Expiry.
+            assert_eq!(resolve(db, &h.relay_host_id, &c.token, now + 570_000).await.unwrap(), None);
+        }
+    }
+
+    #[tokio::test]
+    async fn mint_rate_30_per_minute() {
+        for t in backends().await {
+            let h = host();
+            let now = 1_700_000_040_000 - 1_700_000_040_000 % 60_000;
+            for i in 0..30 {
+                create_invite(&t.db, &h, "d", &format!("r{i}"), now + i).await.unwrap();
+            }
+            let e = create_invite(&t.db, &h, "d", "r31", now + 59_999).await.unwrap_err();
+            assert_eq!(e.code(), "rate_limit_exceeded");
+            create_invite(&t.db, &h, "d", "r32", now + 60_000).await.unwrap();
+        }
+    }
+
+    async fn basis(db: &Db, conn: &str, kind: &'static str, hash: Option<String>, v: Option<i64>, as_: Option<&'static str>, now: i64) {
+        persist_basis(
+            db,
+            &Basis {
+                conn_id: conn.into(),
+                host: host(),
+                device: "d1".into(),
+                generation: 1,
+                kind,
+                invite_hash: hash,
+                accepted_version: v,
+                accepted_as: as_,
+                deadline: now + 30_000,
+            },
+            now,
+        )
+        .await
+        .unwrap();
+    }
+
+    /// P-17..P-21 at the store level.
+    #[tokio::test]
+    async fn install_confirm_revoke_on_both_backends() {
+        for t in backends().await {
+            let db = &t.db;
+            let h = host();
+            let now = 1_700_000_000_000;
+            let inv = create_invite(db, &h, "d1", "offer", now).await.unwrap();
+            let ihash = token_hash(&inv.token);
+            basis(db, "b1", "invite", Some(ihash.clone()), None, None, now).await;
+            let r1 = random_b64u32();
+            let req = InstallRequest {
+                req_id: "i1".into(),
+                device: "d1".into(),
+                new_hash: token_hash(&r1),
+                expected_current_hash: None,
+                auth: InstallAuth::RelayBasis {
+                    basis_conn_id: "b1".into(),
+                },
+            };
+            let a = install(db, &h, &req, 1, true, now).await.unwrap();
+            assert_eq!(a.result["currentVersion"], 1);
+            assert_eq!(a.result["authorizationMode"], "relay-basis");
+            assert_eq!(a.result["resumeExpiresAt"], now + 2_592_000_000);
+            assert!(a.result.get("graceExpiresAt").is_none());
+            assert_eq!(a.ended_offers, vec!["offer".to_string()]);
+            let again = install(db, &h, &req, 1, true, now + 5).await.unwrap();
+            assert_eq!(again.result, a.result);
+            assert_eq!(install_status(db, &h, "d1", "i1").await.unwrap(), Some(a.result.clone()));
+            assert_eq!(install_status(db, &h, "d1", "i9").await.unwrap(), None);
+            assert_eq!(resolve(db, &h.relay_host_id, &inv.token, now).await.unwrap(), None, "consumed");
+            // Resume with R1.
+            match resolve(db, &h.relay_host_id, &r1, now).await.unwrap() {
+                Some(Resolved::Resume { version: 1, accepted_as: "current", .. }) => {}
+                other => panic!("{other:?}"),
+            }
+            basis(db, "b2", "resume", None, Some(1), Some("current"), now).await;
+            let c = confirm(db, &h, "c1", "b2", 1, now + 10).await.unwrap();
+            assert_eq!(c["renewed"], true);
+            assert_eq!(c["acceptedAs"], "current");
+            assert_eq!(confirm(db, &h, "c1", "b2", 1, now + 20).await.unwrap(), c);
+            assert_eq!(confirm(db, &h, "c1", "bX", 1, now).await.unwrap_err().code(), "confirmation_tuple_mismatch");
+            deactivate_basis(db, "b2").await.unwrap();
+            assert_eq!(confirm(db, &h, "c2", "b2", 1, now).await.unwrap_err().code(), "confirmation_not_active");
+            // Direct install rotates R1 to grace.
+            let r2 = random_b64u32();
+            let mut d = InstallRequest {
+                req_id: "i2".into(),
+                device: "d1".into(),
+                new_hash: token_hash(&r2),
+                expected_current_hash: Some(token_hash(&random_b64u32())),
+                auth: InstallAuth::AuthenticatedDirect {
+                    direct_auth_id: "x1".into(),
+                },
+            };
+            assert_eq!(install(db, &h, &d, 1, true, now).await.unwrap_err().code(), "current_hash_mismatch");
+            d.expected_current_hash = Some(token_hash(&r1));
+            assert_eq!(install(db, &h, &d, 1, false, now).await.unwrap_err().code(), "authorization_expired");
+            let b = install(db, &h, &d, 1, true, now).await.unwrap();
+            assert_eq!(b.result["currentVersion"], 2);
+            assert_eq!(b.result["graceExpiresAt"], now + 86_400_000);
+            d.req_id = "i3".into();
+            assert_eq!(install(db, &h, &d, 1, true, now).await.unwrap_err().code(), "invalid_direct_authorization");
+            match resolve(db, &h.relay_host_id, &r1, now).await.unwrap() {
+                Some(Resolved::Resume { version: 1, accepted_as: "grace", .. }) => {}
+                other => panic!("{other:?}"),
+            }
+            basis(db, "b3", "resume", None, Some(1), Some("grace"), now).await;
+            let g = confirm(db, &h, "c3", "b3", 1, now).await.unwrap();
+            assert_eq!(g["renewed"], false);
+            assert_eq!(g["acceptedAs"], "grace");
+            // Revoke.
+            revoke(db, &h, "d1", now).await.unwrap();
+            revoke(db, &h, "unknown", now).await.unwrap();
+            assert_eq!(resolve(db, &h.relay_host_id, &r2, now).await.unwrap(), None);
+            // Unknown basis.
+            let bad = InstallRequest {
+                req_id: "i4".into(),
+                device: "d1".into(),
+                new_hash: token_hash(&r2),
+                expected_current_hash: None,
+                auth: InstallAuth::RelayBasis {
+                    basis_conn_id: "nope".into(),
+                },
+            };
+            assert_eq!(install(db, &h, &bad, 1, true, now).await.unwrap_err().code(), "invalid_relay_basis");
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! Shared set-up of the cell integration tests: an in-process `orca-relay serve` (role `all` unless
+//! told otherwise) on an ephemeral port, over SQLite and, when `ORCA_RELAY_TEST_POSTGRES_URL` is
+//! set, Postgres; plus host/phone helpers from `orca_relay::cell::testkit`.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use clap::Parser;
+use orca_relay::cell::testkit::{self, HostControl, HostIdentity, Hello};
+use orca_relay::config::{Config, ServeArgs};
+use orca_relay::server::{self, Running};
+use orca_relay::store::testing::{backends, temp_dir, TestDb};
+
+pub const SIGNING: &str = "0123456789abcdef0123456789abcdef";
+pub const SELF_HOSTED: &str = "self-hosted-key-self-hosted-key-0001";
+pub const ADMIN: &str = "admin-token-admin-token-admin-token-0001";
+pub const CLUSTER: &str = "cluster-key-cluster-key-cluster-key-0001";
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+pub struct Server {
+    pub running: Running,
+    pub url: String,
+    pub public_url: String,
+    pub cell_url: String,
+}
+
+/// Starts a server on `db` (a `TestDb` URL) with extra flags.
+pub async fn start_on(db_url: &str, extra: &[&str]) -> Server {
+    let dir = temp_dir("orca-relay-cell");
+    let data = dir.display().to_string();
+    let mut args = vec![
+        "orca-relay",
+        "--listen",
+        "127.0.0.1:0",
+        "--role",
+        "all",
+        "--data-dir",
+        &data,
+        "--database-url",
+        db_url,
+        "--assignment-signing-key",
+        SIGNING,
+        "--self-hosted-key",
+        SELF_HOSTED,
+        "--admin-token",
+        ADMIN,
+        "--cluster-key",
+        CLUSTER,
+    ];
+    args.extend_from_slice(extra);
+    let cli = Cli::try_parse_from(args).expect("flags parse");
+    let cfg = Config::from_args(&cli.serve).expect("config");
+    let running = server::start(cfg).await.expect("server starts");
+    Server {
+        url: format!("http://{}", running.addr),
+        public_url: running.ctx.config.public_url.clone(),
+        cell_url: running.ctx.config.cell_url.clone(),
+        running,
+    }
+}
+
+/// Every backend to run a behaviour test on.
+pub async fn dbs() -> Vec<TestDb> {
+    backends().await
+}
+
+/// A host that has a token, an assignment and (after `connect`) a control socket.
+pub struct Host {
+    pub id: HostIdentity,
+    pub token: String,
+    pub epoch: i64,
+}
+
+impl Host {
+    pub async fn assigned(s: &Server, user: &str) -> Host {
+        let id = HostIdentity::generate(user);
+        let token = id.token(SIGNING, &s.public_url);
+        let (cell_url, epoch) = testkit::assign(&s.url, &token, &id.relay_host_id)
+            .await
+            .expect("assign");
+        assert_eq!(cell_url, s.cell_url);
+        assert!(epoch >= 1);
+        Host { id, token, epoch }
+    }
+
+    pub fn hello(&self) -> Hello {
+        Hello {
+            epoch: self.epoch,
+            ..Hello::default()
+        }
+    }
+
+    pub async fn connect(&self, s: &Server) -> HostControl {
+        self.connect_with(s, &self.hello()).await.expect("control handshake")
+    }
+
+    pub async fn connect_with(&self, s: &Server, hello: &Hello) -> Result<HostControl, (u16, String)> {
+        testkit::connect_control(&s.cell_url, &self.id, &self.token, &s.public_url, hello).await
+    }
+}
+
+pub const SEC: Duration = Duration::from_secs(1);
+
+/// Polls `f` every 10 ms until it is true or `within` passes.
+pub async fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    f()
+}
+
+/// A raw HTTP/1.1 upgrade request: returns the status line and headers of the answer.
+pub async fn raw_upgrade(addr: std::net::SocketAddr, path: &str, extra_headers: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n{extra_headers}\r\n"
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let mut got = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
+            Ok(Ok(0)) | Err(_) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => {
+                got.extend_from_slice(&buf[..n]);
+                if got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    break;
+                }
+            }
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
