@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use orca_relay::cell::testkit::{self, ClientWs, HostControl, HostIdentity, Hello, Pair};
+use orca_relay::cell::testkit::{self, ClientWs, Hello, HostControl, HostIdentity, Pair};
 use serde_json::json;
 use tokio::sync::Semaphore;
 use tokio_tungstenite::tungstenite::Message;
@@ -85,18 +85,25 @@ static SOURCE: AtomicU64 = AtomicU64::new(1);
 /// A distinct client source per pair (the server trusts one proxy hop).
 fn source_header() -> Vec<(&'static str, String)> {
     let n = SOURCE.fetch_add(1, Ordering::Relaxed);
-    vec![("x-forwarded-for", format!("10.{}.{}.{}", (n >> 16) & 255, (n >> 8) & 255, n & 255))]
+    vec![(
+        "x-forwarded-for",
+        format!("10.{}.{}.{}", (n >> 16) & 255, (n >> 8) & 255, n & 255),
+    )]
 }
 
 /// Keeps a host's control alive: answers pings until the socket closes.
 fn keep_alive(mut c: HostControl) {
-    tokio::spawn(async move {
-        while c.recv(Duration::from_secs(3600)).await.is_ok() {}
-    });
+    tokio::spawn(async move { while c.recv(Duration::from_secs(3600)).await.is_ok() {} });
 }
 
 /// Sets up `hosts` hosts with `per_host` phones each; returns the pairs.
-async fn setup(a: &Arc<Args>, tag: &str, hosts: usize, per_host: usize, concurrency: usize) -> Vec<Pair> {
+async fn setup(
+    a: &Arc<Args>,
+    tag: &str,
+    hosts: usize,
+    per_host: usize,
+    concurrency: usize,
+) -> Vec<Pair> {
     let profile = a.public_url.clone().unwrap_or_else(|| a.url.clone());
     let sem = Arc::new(Semaphore::new(concurrency));
     let mut tasks = Vec::new();
@@ -130,10 +137,19 @@ async fn setup(a: &Arc<Args>, tag: &str, hosts: usize, per_host: usize, concurre
                 .expect("control");
             let mut pairs = Vec::new();
             for p in 0..per_host {
-                let invite = c.create_invite(&format!("r{p}"), &format!("d{p}")).await.expect("invite");
-                let pair = testkit::pair_phone(&cell_url, &mut c, &id.relay_host_id, &invite, &source_header())
+                let invite = c
+                    .create_invite(&format!("r{p}"), &format!("d{p}"))
                     .await
-                    .expect("pair");
+                    .expect("invite");
+                let pair = testkit::pair_phone(
+                    &cell_url,
+                    &mut c,
+                    &id.relay_host_id,
+                    &invite,
+                    &source_header(),
+                )
+                .await
+                .expect("pair");
                 pairs.push(pair);
             }
             keep_alive(c);
@@ -148,7 +164,15 @@ async fn setup(a: &Arc<Args>, tag: &str, hosts: usize, per_host: usize, concurre
 }
 
 /// Drives one pair: `inflight` frames outstanding in each direction, both sockets in one task.
-async fn drive(mut phone: ClientWs, mut data: ClientWs, payload: Bytes, inflight: usize, stop: Instant, up: Arc<AtomicU64>, down: Arc<AtomicU64>) -> (ClientWs, ClientWs) {
+async fn drive(
+    mut phone: ClientWs,
+    mut data: ClientWs,
+    payload: Bytes,
+    inflight: usize,
+    stop: Instant,
+    up: Arc<AtomicU64>,
+    down: Arc<AtomicU64>,
+) -> (ClientWs, ClientWs) {
     let (mut up_out, mut down_out) = (0usize, 0usize);
     let (mut n_up, mut n_down) = (0u64, 0u64);
     loop {
@@ -181,7 +205,12 @@ async fn drive(mut phone: ClientWs, mut data: ClientWs, payload: Bytes, inflight
     (phone, data)
 }
 
-async fn throughput(pairs: Vec<Pair>, size: usize, inflight: usize, seconds: u64) -> (serde_json::Value, Vec<Pair>) {
+async fn throughput(
+    pairs: Vec<Pair>,
+    size: usize,
+    inflight: usize,
+    seconds: u64,
+) -> (serde_json::Value, Vec<Pair>) {
     let payload = Bytes::from(vec![0xa5u8; size]);
     let up = Arc::new(AtomicU64::new(0));
     let down = Arc::new(AtomicU64::new(0));
@@ -191,12 +220,25 @@ async fn throughput(pairs: Vec<Pair>, size: usize, inflight: usize, seconds: u64
     let mut meta = Vec::new();
     for p in pairs {
         meta.push((p.hello, p.conn_id));
-        tasks.push(tokio::spawn(drive(p.phone, p.data, payload.clone(), inflight, stop, up.clone(), down.clone())));
+        tasks.push(tokio::spawn(drive(
+            p.phone,
+            p.data,
+            payload.clone(),
+            inflight,
+            stop,
+            up.clone(),
+            down.clone(),
+        )));
     }
     let mut back = Vec::new();
     for (t, (hello, conn_id)) in tasks.into_iter().zip(meta) {
         let (phone, data) = t.await.unwrap();
-        back.push(Pair { phone, data, hello, conn_id });
+        back.push(Pair {
+            phone,
+            data,
+            hello,
+            conn_id,
+        });
     }
     let secs = started.elapsed().as_secs_f64();
     let (u, d) = (up.load(Ordering::Relaxed), down.load(Ordering::Relaxed));
@@ -256,7 +298,12 @@ async fn latency(pairs: Vec<Pair>, rate: u64, seconds: u64) -> serde_json::Value
         all.extend(t.await.unwrap());
     }
     all.sort_unstable();
-    let pct = |p: f64| all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1))).copied().unwrap_or(0) as f64 / 1000.0;
+    let pct = |p: f64| {
+        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0) as f64
+            / 1000.0
+    };
     json!({"ratePerPairAndDirection": rate, "samples": all.len(), "p50Micros": pct(0.50), "p99Micros": pct(0.99)})
 }
 

@@ -39,13 +39,17 @@ pub fn all(d: Arc<Director>) -> BoxedFilter<(Response,)> {
             d.resolve_route(b).await
         }))
         .unify()
-        .or(post(d.clone(), "/v1/admin/cell-heartbeat", |d, hd, b| async move {
-            d.heartbeat_route(hd, b).await
-        }))
+        .or(post(
+            d.clone(),
+            "/v1/admin/cell-heartbeat",
+            |d, hd, b| async move { d.heartbeat_route(hd, b).await },
+        ))
         .unify()
-        .or(post(d.clone(), "/v1/admin/cell-rehome-status", |d, hd, b| async move {
-            d.rehome_status_route(hd, b).await
-        }))
+        .or(post(
+            d.clone(),
+            "/v1/admin/cell-rehome-status",
+            |d, hd, b| async move { d.rehome_status_route(hd, b).await },
+        ))
         .unify()
         .or(regions_route(d.clone()))
         .unify()
@@ -355,7 +359,8 @@ impl Director {
                         cell_id
                     );
                 }
-                let mut body = json!({"v":1,"cellUrl":cell_url,"assignmentEpoch":epoch,"lease":lease});
+                let mut body =
+                    json!({"v":1,"cellUrl":cell_url,"assignmentEpoch":epoch,"lease":lease});
                 if report {
                     // No region decision is ever issued by this director (§8 not built): every
                     // report finds none.
@@ -437,7 +442,9 @@ impl Director {
             Ok(Err(e)) => self.assign_failed(c, e, &host),
             Err(_) => self.assign_failed(
                 c,
-                AssignError::Db(crate::store::DbError::Transient("resolve task failed".into())),
+                AssignError::Db(crate::store::DbError::Transient(
+                    "resolve task failed".into(),
+                )),
                 &host,
             ),
         }
@@ -517,8 +524,10 @@ impl Director {
         let now = clock::now_ms();
         let inc = st.cell_incarnation.to_ascii_lowercase();
         let safety = serde_json::to_string(&st.safety).unwrap_or_default();
-        let r: Result<(), crate::store::cells::BeatError> =
-            crate::transaction!(self.ctx.db, "cell-runtime", |tx| {
+        let r: Result<(), crate::store::cells::BeatError> = crate::transaction!(
+            self.ctx.db,
+            "cell-runtime",
+            |tx| {
                 use crate::store::cells::BeatError;
                 let cell = tx
                     .query_opt(
@@ -546,7 +555,8 @@ impl Director {
                 )
                 .await?;
                 Ok(())
-            });
+            }
+        );
         match r {
             Ok(()) => Ok(()),
             Err(crate::store::cells::BeatError::Refused(c)) => Err(HeartbeatRefusal::Refused(c)),

@@ -12,12 +12,12 @@
 //! decisions are pure functions in the role modules, fed with rows read here.
 
 pub mod assignments;
+mod backend;
 pub mod cells;
 pub mod credentials;
-pub mod placement;
-mod backend;
 pub mod migrate;
 pub mod migrations;
+pub mod placement;
 mod postgres;
 mod sqlite;
 pub mod testing;
