@@ -201,13 +201,15 @@ impl Director {
         {
             return h::bad_request();
         }
-        let report = match &req.region_correction {
-            None => false,
+        let action = match &req.region_correction {
+            None => None,
             Some(rc) => match region_correction_action(rc, regions) {
-                Some(a) => a == "report",
+                Some(a) => Some(a),
                 None => return h::bad_request(),
             },
         };
+        let report = action == Some("report");
+        let window = action == Some("issue-window");
         if req.relay_host_id != claims.relay_host_id {
             return h::error(StatusCode::FORBIDDEN, "host_identity_mismatch");
         }
@@ -244,7 +246,7 @@ impl Director {
                     }
                     Ok(true) => {
                         return self
-                            .run_assign(permit, c, host, req.preferred_region, false, now)
+                            .run_assign(permit, c, host, req.preferred_region, (false, window), now)
                             .await
                     }
                     Ok(false) => drop(permit),
@@ -260,7 +262,7 @@ impl Director {
         match self.placement_lane.enter(&host).await {
             Err(r) => self.lane_rejected(c, r, &host),
             Ok(permit) => {
-                self.run_assign(permit, c, host, req.preferred_region, report, now)
+                self.run_assign(permit, c, host, req.preferred_region, (report, window), now)
                     .await
             }
         }
@@ -296,7 +298,7 @@ impl Director {
         c: Ctx<'static>,
         host: HostKey,
         preferred: Option<String>,
-        report: bool,
+        (report, window): (bool, bool),
         now: i64,
     ) -> Response {
         permit.started();
@@ -356,6 +358,11 @@ impl Director {
                     );
                 }
                 let mut body = json!({"v":1,"cellUrl":cell_url,"assignmentEpoch":epoch,"lease":lease});
+                if window {
+                    // §8 is not built: the window cannot be issued; the grant is returned without
+                    // `regionCorrection`, as for any failed `issue-window`.
+                    crate::logging::event("orca_relay_region_window_unavailable", json!({}));
+                }
                 if report {
                     // No region decision is ever issued by this director (§8 not built): every
                     // report finds none.

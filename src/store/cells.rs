@@ -99,7 +99,10 @@ pub async fn views(
             vec![Value::from(a), Value::from(b)],
         ),
     };
-    let lock_sql = if lock { " FOR UPDATE" } else { "" };
+    if !lock {
+        return joined_views(r, filter, &p).await;
+    }
+    let lock_sql = " FOR UPDATE";
     let rows = r
         .query(
             &format!("SELECT {CELL_COLUMNS} FROM relay_cells{filter} ORDER BY cell_id{lock_sql}"),
@@ -172,7 +175,7 @@ pub async fn view(db: &Db, cell_id: &str) -> Result<Option<CellView>, DbError> {
 // Heartbeats (director.md §3.6)
 
 /// A heartbeat that passed the schema checks, incarnation lowercased.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Beat {
     pub cell_id: String,
     pub cell_url: String,
@@ -612,4 +615,55 @@ pub async fn lock_cells(tx: &mut Tx, ids: &[String]) -> Result<(), DbError> {
     )
     .await?;
     Ok(())
+}
+
+/// The plain-read form of [`views`]: one statement joining runtime, fence and the outstanding
+/// reservation count (the hot sticky path reads a home this way several times per request).
+async fn joined_views(
+    mut r: Reader<'_>,
+    filter: &str,
+    p: &[Value],
+) -> Result<Vec<CellView>, DbError> {
+    let cols: String = CELL_COLUMNS
+        .split(", ")
+        .map(|c| format!("c.{}", c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let rt: String = RUNTIME_COLUMNS
+        .split(", ")
+        .map(|c| format!("r.{}", c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let filter = filter.replace("cell_id", "c.cell_id").replace("admission_state", "c.admission_state");
+    let rows = r
+        .query(
+            &format!(
+                "SELECT {cols}, {rt}, f.cell_incarnation, f.attested_at, f.expires_at, \
+                 (SELECT COUNT(*) FROM relay_connection_reservations x WHERE x.cell_id = c.cell_id AND x.state IN ('reserved', 'claimed')) \
+                 FROM relay_cells c LEFT JOIN relay_cell_runtime r ON r.cell_id = c.cell_id \
+                 LEFT JOIN relay_cell_fences f ON f.cell_id = c.cell_id{filter} ORDER BY c.cell_id"
+            ),
+            p,
+        )
+        .await?;
+    const N: usize = 9;
+    const M: usize = 15;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let mut c = cell_from_row(row);
+            if !row.is_null(N) {
+                c.runtime = Some(runtime_from_row(&Row(row.0[N..N + M].to_vec())));
+            }
+            if !row.is_null(N + M) {
+                c.fence = Some(Fence {
+                    cell_incarnation: row.str(N + M),
+                    attested_at: row.i64(N + M + 1),
+                    expires_at: row.i64(N + M + 2),
+                });
+            }
+            c.outstanding = row.i64(N + M + 3);
+            c
+        })
+        .collect())
 }
