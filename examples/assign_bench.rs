@@ -69,7 +69,11 @@ async fn main() {
     d.placement_lane.set_interval(Duration::from_millis(1));
     let base = format!("http://{}", run.addr);
     let http = reqwest::Client::new();
-    for (id, region) in [("a", "us-central1"), ("b", "us-central1"), ("c", "asia-east2")] {
+    for (id, region) in [
+        ("a", "us-central1"),
+        ("b", "us-central1"),
+        ("c", "asia-east2"),
+    ] {
         let url = format!("https://{id}.bench.test");
         http.post(format!("{base}/v1/admin/cells"))
             .bearer_auth(admin)
@@ -77,7 +81,11 @@ async fn main() {
             .send()
             .await
             .unwrap();
-        let tok = orca_relay::crypto::jwt::mint_cluster_token(cluster.as_bytes(), id, orca_relay::clock::now_ms());
+        let tok = orca_relay::crypto::jwt::mint_cluster_token(
+            cluster.as_bytes(),
+            id,
+            orca_relay::clock::now_ms(),
+        );
         let r = http
             .post(format!("{base}/v1/admin/cell-heartbeat"))
             .bearer_auth(tok)

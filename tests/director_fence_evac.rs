@@ -18,7 +18,10 @@ async fn placed(d: &Dir, capped: bool) -> (Host, String) {
     d.hb_obs("B", US, true, &uuid(), 100, capped, 300).await;
     d.hb_obs("C", ASIA, true, &uuid(), 100, capped, 300).await;
     let h = d.host("U").await;
-    assert_eq!(d.assign(&h, json!({})).await.body["cellUrl"], json!(cell_url("A")));
+    assert_eq!(
+        d.assign(&h, json!({})).await.body["cellUrl"],
+        json!(cell_url("A"))
+    );
     (h, ia)
 }
 
@@ -32,12 +35,21 @@ async fn d53_fence_refusals() {
         let f = |inc: &str| json!({"v":1,"cellId":"A","cellIncarnation":inc});
         let r = d.admin("cell-fence", f(&ia)).await;
         assert_eq!((r.status, r.error()), (409, "cell_fence_admission_enabled"));
-        d.admin("cell-state", json!({"v":1,"cellId":"A","state":"existing-only"})).await;
+        d.admin(
+            "cell-state",
+            json!({"v":1,"cellId":"A","state":"existing-only"}),
+        )
+        .await;
         let r = d.admin("cell-fence", f(&ia)).await;
         assert_eq!((r.status, r.error()), (409, "cell_fence_runtime_not_stale"));
         let r = d.admin("cell-fence", f(&uuid())).await;
         assert_eq!((r.status, r.error()), (409, "cell_fence_runtime_mismatch"));
-        let r = d.admin("cell-fence", json!({"v":1,"cellId":"Z","cellIncarnation":ia})).await;
+        let r = d
+            .admin(
+                "cell-fence",
+                json!({"v":1,"cellId":"Z","cellIncarnation":ia}),
+            )
+            .await;
         assert_eq!((r.status, r.error()), (404, "cell_not_found"));
         d.shutdown().await;
     }
@@ -49,12 +61,21 @@ async fn d54_fence_lets_host_leave() {
         let d = start(&t, &[]).await;
         d.fast_lanes();
         let (h, ia) = placed(&d, true).await;
-        d.admin("cell-state", json!({"v":1,"cellId":"A","state":"existing-only"})).await;
+        d.admin(
+            "cell-state",
+            json!({"v":1,"cellId":"A","state":"existing-only"}),
+        )
+        .await;
         d.age_runtime("A", 46_000).await; // 46 s silent
         let r = d.assign(&h, json!({})).await;
         assert_eq!((r.status, r.error()), (503, "relay_home_cell_unavailable"));
         assert!(!lines_with(&[&format!("host={} cause=draining cell=A", h.digest())]).is_empty());
-        let r = d.admin("cell-fence", json!({"v":1,"cellId":"A","cellIncarnation":ia})).await;
+        let r = d
+            .admin(
+                "cell-fence",
+                json!({"v":1,"cellId":"A","cellIncarnation":ia}),
+            )
+            .await;
         assert_eq!(r.status, 200, "{:?}", r.body);
         assert_eq!(r.body["fence"]["valid"], json!(true));
         assert_eq!(r.body["fence"]["cellIncarnation"], json!(ia));
@@ -62,7 +83,11 @@ async fn d54_fence_lets_host_leave() {
         assert_eq!(r.body["cellUrl"], json!(cell_url("B")));
         assert_eq!(r.body["assignmentEpoch"], json!(2));
         let w = d.whereabouts(&h).await;
-        assert!(w["leases"].as_array().unwrap().iter().all(|l| l["cellId"] != json!("A")));
+        assert!(w["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["cellId"] != json!("A")));
         assert_eq!(d.cell_status("A").await["reservedRequests"], json!(0));
         d.shutdown().await;
     }
@@ -76,10 +101,22 @@ async fn d55_any_heartbeat_deletes_the_fence() {
         let (_h, ia) = placed(&d, true).await;
         let h2 = d.host("U2").await;
         // h2 also on A (A is least loaded).
-        assert_eq!(d.assign(&h2, json!({})).await.body["cellUrl"], json!(cell_url("A")));
-        d.admin("cell-state", json!({"v":1,"cellId":"A","state":"existing-only"})).await;
+        assert_eq!(
+            d.assign(&h2, json!({})).await.body["cellUrl"],
+            json!(cell_url("A"))
+        );
+        d.admin(
+            "cell-state",
+            json!({"v":1,"cellId":"A","state":"existing-only"}),
+        )
+        .await;
         d.age_runtime("A", 46_000).await;
-        let r = d.admin("cell-fence", json!({"v":1,"cellId":"A","cellIncarnation":ia})).await;
+        let r = d
+            .admin(
+                "cell-fence",
+                json!({"v":1,"cellId":"A","cellIncarnation":ia}),
+            )
+            .await;
         assert_eq!(r.status, 200);
         assert!(d.cell_status("A").await["fence"].is_object());
         // A stale incarnation's beat is refused, and still deletes the fence.
@@ -104,7 +141,10 @@ async fn d56_evacuate() {
         assert_eq!(r.status, 200, "{:?}", r.body);
         let m = &r.body["migration"];
         assert_eq!(m["kind"], json!("evacuation"));
-        assert_eq!((m["sourceCellId"].clone(), m["targetCellId"].clone()), (json!("A"), json!("B")));
+        assert_eq!(
+            (m["sourceCellId"].clone(), m["targetCellId"].clone()),
+            (json!("A"), json!("B"))
+        );
         assert_eq!(m["assignmentEpoch"], json!(2));
         assert_eq!(m["sourceRequestUnits"], json!(1));
         assert_eq!(m["targetReservedUnits"], json!(2));
@@ -124,7 +164,8 @@ async fn d57_evacuate_refusals() {
         d.fast_lanes();
         let (h, _) = placed(&d, true).await;
         d.register("D", US, true).await; // never heard: not live
-        let ev = |target: &str| json!({"v":1,"userId":h.user,"relayHostId":h.id,"targetCellId":target});
+        let ev =
+            |target: &str| json!({"v":1,"userId":h.user,"relayHostId":h.id,"targetCellId":target});
         let r = d.admin("evacuate", ev("A")).await;
         assert_eq!((r.status, r.error()), (409, "target_matches_source"));
         let r = d.admin("evacuate", ev("D")).await;
@@ -135,7 +176,10 @@ async fn d57_evacuate_refusals() {
         let r = d.admin("evacuate", ev("C")).await;
         assert_eq!((r.status, r.error()), (409, "migration_in_progress"));
         let r = d
-            .admin("evacuate", json!({"v":1,"userId":"nobody","relayHostId":h.id,"targetCellId":"B"}))
+            .admin(
+                "evacuate",
+                json!({"v":1,"userId":"nobody","relayHostId":h.id,"targetCellId":"B"}),
+            )
             .await;
         assert_eq!((r.status, r.error()), (409, "assignment_not_found"));
         d.shutdown().await;
@@ -148,21 +192,54 @@ async fn d58_complete_needs_registration_then_completes() {
         let d = start(&t, &[]).await;
         d.fast_lanes();
         let (h, _) = placed(&d, false).await;
-        let r = d.admin("evacuate", json!({"v":1,"userId":h.user,"relayHostId":h.id,"targetCellId":"B"})).await;
+        let r = d
+            .admin(
+                "evacuate",
+                json!({"v":1,"userId":h.user,"relayHostId":h.id,"targetCellId":"B"}),
+            )
+            .await;
         assert_eq!(r.status, 200);
         let done = json!({"v":1,"userId":h.user,"relayHostId":h.id,"assignmentEpoch":2});
         let r = d.admin("migration-complete", done.clone()).await;
-        assert_eq!((r.status, r.error()), (409, "migration_target_not_registered"));
+        assert_eq!(
+            (r.status, r.error()),
+            (409, "migration_target_not_registered")
+        );
         // The host attaches on B: activation, registration; its A lease is still there.
-        let key = HostKey { user_id: h.user.clone(), relay_host_id: h.id.clone() };
-        let b_inc = d.cell_status("B").await["runtime"]["cellIncarnation"].as_str().unwrap().to_string();
-        sa::activate_control(&d.db, &key, &ActivateControl {
-            cell_id: "B".into(), assignment_epoch: 2, generation: 1, connection_inclusion_watermark: None,
-            idle_regional_rehome: false, cell_incarnation: b_inc }, now()).await.unwrap();
-        sa::mark_migration_target_registered(&d.db, &key, "B", 2, now()).await.unwrap();
+        let key = HostKey {
+            user_id: h.user.clone(),
+            relay_host_id: h.id.clone(),
+        };
+        let b_inc = d.cell_status("B").await["runtime"]["cellIncarnation"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        sa::activate_control(
+            &d.db,
+            &key,
+            &ActivateControl {
+                cell_id: "B".into(),
+                assignment_epoch: 2,
+                generation: 1,
+                connection_inclusion_watermark: None,
+                idle_regional_rehome: false,
+                cell_incarnation: b_inc,
+            },
+            now(),
+        )
+        .await
+        .unwrap();
+        sa::mark_migration_target_registered(&d.db, &key, "B", 2, now())
+            .await
+            .unwrap();
         let r = d.admin("migration-complete", done.clone()).await;
-        assert_eq!((r.status, r.error()), (409, "migration_source_still_active"));
-        sa::release_activity(&d.db, &key, "control-pending:1", now()).await.unwrap();
+        assert_eq!(
+            (r.status, r.error()),
+            (409, "migration_source_still_active")
+        );
+        sa::release_activity(&d.db, &key, "control-pending:1", now())
+            .await
+            .unwrap();
         let r = d.admin("migration-complete", done.clone()).await;
         assert_eq!(r.status, 200, "{:?}", r.body);
         assert!(r.body["migration"]["completedAt"].is_i64());
@@ -183,12 +260,25 @@ async fn d59_evacuate_cell_limit() {
         let (_h, _) = placed(&d, true).await;
         for u in ["U2", "U3"] {
             let h = d.host(u).await;
-            assert_eq!(d.assign(&h, json!({})).await.body["cellUrl"], json!(cell_url("A")));
+            assert_eq!(
+                d.assign(&h, json!({})).await.body["cellUrl"],
+                json!(cell_url("A"))
+            );
         }
-        let r = d.admin("evacuate-cell", json!({"v":1,"sourceCellId":"A","limit":2})).await;
+        let r = d
+            .admin("evacuate-cell", json!({"v":1,"sourceCellId":"A","limit":2}))
+            .await;
         assert_eq!(r.status, 200, "{:?}", r.body);
-        assert_eq!((r.body["started"].clone(), r.body["remaining"].clone()), (json!(2), json!(1)));
-        let r = d.admin("evacuate-cell", json!({"v":1,"sourceCellId":"A","targetCellId":"A","limit":2})).await;
+        assert_eq!(
+            (r.body["started"].clone(), r.body["remaining"].clone()),
+            (json!(2), json!(1))
+        );
+        let r = d
+            .admin(
+                "evacuate-cell",
+                json!({"v":1,"sourceCellId":"A","targetCellId":"A","limit":2}),
+            )
+            .await;
         assert_eq!((r.status, r.error()), (409, "target_matches_source"));
         d.shutdown().await;
     }
@@ -200,18 +290,35 @@ async fn d60_unregistered_evacuation_rolls_back() {
         let d = start(&t, &[]).await;
         d.fast_lanes();
         let (h, _) = placed(&d, true).await;
-        let r = d.admin("evacuate", json!({"v":1,"userId":h.user,"relayHostId":h.id,"targetCellId":"B"})).await;
+        let r = d
+            .admin(
+                "evacuate",
+                json!({"v":1,"userId":h.user,"relayHostId":h.id,"targetCellId":"B"}),
+            )
+            .await;
         assert_eq!(r.status, 200);
         // 15 minutes pass (arrival deadline moved into the past), then one sweep.
-        d.db.execute("UPDATE relay_assignment_migrations SET arrival_deadline = arrival_deadline - 900001", &[])
-            .await
-            .unwrap();
+        d.db.execute(
+            "UPDATE relay_assignment_migrations SET arrival_deadline = arrival_deadline - 900001",
+            &[],
+        )
+        .await
+        .unwrap();
         sweeps::run_once(d.director()).await;
         let w = d.whereabouts(&h).await;
-        assert_eq!((w["cellId"].clone(), w["assignmentEpoch"].clone()), (json!("A"), json!(3)));
-        let m = d.db.query("SELECT abort_reason FROM relay_assignment_migrations", &[]).await.unwrap();
+        assert_eq!(
+            (w["cellId"].clone(), w["assignmentEpoch"].clone()),
+            (json!("A"), json!(3))
+        );
+        let m =
+            d.db.query("SELECT abort_reason FROM relay_assignment_migrations", &[])
+                .await
+                .unwrap();
         assert_eq!(m[0].str(0), "target_not_registered");
-        assert!(logs().iter().any(|l| l.contains("orca_relay_migration_rolled_back") && l.contains("target_not_registered")));
+        assert!(logs()
+            .iter()
+            .any(|l| l.contains("orca_relay_migration_rolled_back")
+                && l.contains("target_not_registered")));
         assert_eq!(d.cell_status("B").await["reservedRequests"], json!(0));
         d.shutdown().await;
     }
@@ -224,7 +331,12 @@ async fn sweeps_release_expired_leases_and_evacuate_dead_uncapped_cells() {
         d.fast_lanes();
         let (h, ia) = placed(&d, false).await;
         // The pending control expires.
-        d.db.execute("UPDATE relay_assignment_activity_leases SET expires_at = 1", &[]).await.unwrap();
+        d.db.execute(
+            "UPDATE relay_assignment_activity_leases SET expires_at = 1",
+            &[],
+        )
+        .await
+        .unwrap();
         sweeps::run_once(d.director()).await;
         let w = d.whereabouts(&h).await;
         assert_eq!(w["leases"], json!([]));
@@ -234,7 +346,9 @@ async fn sweeps_release_expired_leases_and_evacuate_dead_uncapped_cells() {
         sweeps::run_once(d.director()).await;
         let w = d.whereabouts(&h).await;
         assert_eq!(w["cellId"], json!("B"));
-        assert!(logs().iter().any(|l| l.contains("orca_relay_dead_cell_evacuation") && l.contains("\"cellId\":\"A\"")));
+        assert!(logs().iter().any(
+            |l| l.contains("orca_relay_dead_cell_evacuation") && l.contains("\"cellId\":\"A\"")
+        ));
         d.shutdown().await;
     }
 }

@@ -46,7 +46,9 @@ async fn d02_heartbeat_tokens() {
         assert_eq!((r.status, r.error()), (403, "cell_identity_mismatch"));
         // The cluster token does not open operator routes.
         let tok = orca_relay::crypto::jwt::mint_cluster_token(CLUSTER.as_bytes(), "A", now());
-        let r = d.post("/v1/admin/cell-status", Some(&tok), &json!({"v":1})).await;
+        let r = d
+            .post("/v1/admin/cell-status", Some(&tok), &json!({"v":1}))
+            .await;
         assert_eq!((r.status, r.error()), (401, "invalid_token"));
         d.shutdown().await;
     }
@@ -62,12 +64,20 @@ async fn d03_telemetry_validation() {
         b["enforcedConnectionUnits"] = json!(2);
         let r = d.send_hb(&b).await;
         assert_eq!((r.status, r.error()), (400, "invalid_request"));
-        assert!(!lines_with(&["[orca-relay] cell heartbeat invalid: connection telemetry sum does not match"]).is_empty());
+        assert!(!lines_with(&[
+            "[orca-relay] cell heartbeat invalid: connection telemetry sum does not match"
+        ])
+        .is_empty());
         let mut b = d.hb_body("A", US, true, &inc, 100, 0, Some((0, 0, 0)));
-        b.as_object_mut().unwrap().remove("connectionInclusionWatermark");
+        b.as_object_mut()
+            .unwrap()
+            .remove("connectionInclusionWatermark");
         let r = d.send_hb(&b).await;
         assert_eq!(r.status, 400);
-        assert!(!lines_with(&["[orca-relay] cell heartbeat invalid: connection telemetry must be complete"]).is_empty());
+        assert!(!lines_with(&[
+            "[orca-relay] cell heartbeat invalid: connection telemetry must be complete"
+        ])
+        .is_empty());
         let mut b = d.hb_body("A", US, true, &inc, 100, 0, Some((0, 0, 0)));
         b["connectionUnobservedBound"] = json!(500);
         let r = d.send_hb(&b).await;
@@ -93,14 +103,27 @@ async fn d04_telemetry_against_cell_configuration() {
         d.register("A", US, true).await;
         d.register("U", US, false).await;
         let inc = uuid();
-        let r = d.send_hb(&d.hb_body("A", US, true, &inc, 100, 0, None)).await;
-        assert_eq!((r.status, r.error()), (409, "cell_connection_telemetry_mismatch"));
+        let r = d
+            .send_hb(&d.hb_body("A", US, true, &inc, 100, 0, None))
+            .await;
+        assert_eq!(
+            (r.status, r.error()),
+            (409, "cell_connection_telemetry_mismatch")
+        );
         let mut b = d.hb_body("A", US, true, &inc, 100, 0, Some((0, 0, 0)));
         b["connectionHardCap"] = json!(1000);
         let r = d.send_hb(&b).await;
-        assert_eq!((r.status, r.error()), (409, "cell_connection_telemetry_mismatch"));
-        let r = d.send_hb(&d.hb_body("U", US, true, &inc, 100, 0, Some((0, 0, 0)))).await;
-        assert_eq!((r.status, r.error()), (409, "cell_connection_limit_not_configured"));
+        assert_eq!(
+            (r.status, r.error()),
+            (409, "cell_connection_telemetry_mismatch")
+        );
+        let r = d
+            .send_hb(&d.hb_body("U", US, true, &inc, 100, 0, Some((0, 0, 0))))
+            .await;
+        assert_eq!(
+            (r.status, r.error()),
+            (409, "cell_connection_limit_not_configured")
+        );
         d.shutdown().await;
     }
 }
@@ -118,7 +141,10 @@ async fn d05_incarnations() {
         let r = d.send_hb(&send(&i2, 100)).await;
         assert_eq!((r.status, r.error()), (409, "stale_cell_incarnation"));
         assert_eq!(d.send_hb(&send(&i2.to_uppercase(), 200)).await.status, 200);
-        assert_eq!(d.cell_status("A").await["runtime"]["cellIncarnation"], json!(i2));
+        assert_eq!(
+            d.cell_status("A").await["runtime"]["cellIncarnation"],
+            json!(i2)
+        );
         assert_eq!(d.send_hb(&send(&i1, 100)).await.status, 409);
         d.shutdown().await;
     }
@@ -148,16 +174,27 @@ async fn d07_liveness_causes() {
         let d = start(&t, &[]).await;
         d.register("A", US, false).await;
         let s = d.cell_status("A").await;
-        assert_eq!((s["live"].clone(), s["cause"].clone()), (json!(false), json!("booting")));
+        assert_eq!(
+            (s["live"].clone(), s["cause"].clone()),
+            (json!(false), json!("booting"))
+        );
         let inc = uuid();
         d.hb("A", US, false, &inc, 100, false).await;
         assert_eq!(d.cell_status("A").await["cause"], json!("not_ready"));
         d.hb("A", US, true, &inc, 100, false).await;
         let s = d.cell_status("A").await;
-        assert_eq!((s["live"].clone(), s["cause"].clone()), (json!(true), json!(null)));
+        assert_eq!(
+            (s["live"].clone(), s["cause"].clone()),
+            (json!(true), json!(null))
+        );
         d.age_runtime("A", 46_000).await; // 46 s silent
         assert_eq!(d.cell_status("A").await["cause"], json!("unheard"));
-        let r = d.admin("cell-state", json!({"v":1,"cellId":"A","state":"existing-only"})).await;
+        let r = d
+            .admin(
+                "cell-state",
+                json!({"v":1,"cellId":"A","state":"existing-only"}),
+            )
+            .await;
         assert_eq!(r.status, 200);
         assert_eq!(d.cell_status("A").await["cause"], json!("draining"));
         d.shutdown().await;
@@ -172,7 +209,11 @@ async fn d08_regions_catalog() {
             d.register(id, region, false).await;
             d.hb(id, region, true, &uuid(), 100, false).await;
         }
-        d.admin("cell-state", json!({"v":1,"cellId":"D","state":"migration-only"})).await;
+        d.admin(
+            "cell-state",
+            json!({"v":1,"cellId":"D","state":"migration-only"}),
+        )
+        .await;
         let r = d.get("/v1/regions").await;
         assert_eq!(r.status, 200);
         assert_eq!(
@@ -181,10 +222,19 @@ async fn d08_regions_catalog() {
                 {"region":US,"probeOrigins":[cell_url("A"),cell_url("B")]},
                 {"region":ASIA,"probeOrigins":[cell_url("C")]}]})
         );
-        let c_inc = d.cell_status("C").await["runtime"]["cellIncarnation"].as_str().unwrap().to_string();
+        let c_inc = d.cell_status("C").await["runtime"]["cellIncarnation"]
+            .as_str()
+            .unwrap()
+            .to_string();
         d.hb("C", ASIA, false, &c_inc, 100, false).await;
         // Cached for 30 s...
-        assert_eq!(d.get("/v1/regions").await.body["regions"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            d.get("/v1/regions").await.body["regions"]
+                .as_array()
+                .unwrap()
+                .len(),
+            2
+        );
         // ...and after the 30 s (expired here instead of waited for):
         d.director().expire_regions_cache().await;
         assert_eq!(
@@ -220,13 +270,22 @@ async fn d09_d10_first_assign_and_lease() {
         let c = orca_relay::crypto::jwt::verify_assignment_lease(SIGNING, lease, now()).unwrap();
         assert_eq!(c.aud, "orca-relay-cell");
         assert_eq!(c.purpose, "cell-assignment");
-        assert_eq!((c.cell_id.as_str(), c.cell_url.as_str()), ("A", cell_url("A").as_str()));
-        assert_eq!((c.sub.as_str(), c.relay_host_id.as_str()), ("U", h.id.as_str()));
+        assert_eq!(
+            (c.cell_id.as_str(), c.cell_url.as_str()),
+            ("A", cell_url("A").as_str())
+        );
+        assert_eq!(
+            (c.sub.as_str(), c.relay_host_id.as_str()),
+            ("U", h.id.as_str())
+        );
         assert_eq!(c.exp - c.iat, 300);
         assert_eq!(c.iss, d.run.ctx.config.public_url);
         // D-10
         let r = d.assign(&h, json!({})).await;
-        assert_eq!((r.body["cellUrl"].clone(), r.body["assignmentEpoch"].clone()), (json!(cell_url("A")), json!(1)));
+        assert_eq!(
+            (r.body["cellUrl"].clone(), r.body["assignmentEpoch"].clone()),
+            (json!(cell_url("A")), json!(1))
+        );
         let w = d.whereabouts(&h).await;
         assert_eq!(w["leases"].as_array().unwrap().len(), 1);
         assert_eq!(w["leases"][0]["activityId"], json!("control-pending:1"));
@@ -246,7 +305,10 @@ async fn d11_least_loaded() {
         d.hb_obs("A", US, true, &uuid(), 100, false, 400).await;
         d.hb_obs("B", US, true, &uuid(), 100, false, 0).await;
         let h = d.host("U").await;
-        assert_eq!(d.assign(&h, json!({})).await.body["cellUrl"], json!(cell_url("B")));
+        assert_eq!(
+            d.assign(&h, json!({})).await.body["cellUrl"],
+            json!(cell_url("B"))
+        );
         let t2 = orca_relay::store::testing::TestDb::sqlite().await;
         let d2 = start(&t2, &[]).await;
         d2.register("A", US, false).await;
@@ -254,7 +316,10 @@ async fn d11_least_loaded() {
         d2.hb("A", US, true, &uuid(), 100, false).await;
         d2.hb("B", US, true, &uuid(), 100, false).await;
         let h = d2.host("U").await;
-        assert_eq!(d2.assign(&h, json!({})).await.body["cellUrl"], json!(cell_url("A")));
+        assert_eq!(
+            d2.assign(&h, json!({})).await.body["cellUrl"],
+            json!(cell_url("A"))
+        );
         d2.shutdown().await;
         d.shutdown().await;
     }
@@ -269,7 +334,10 @@ async fn d12_region_preference_and_spill() {
         let h = d.host("U").await;
         let r = d.assign(&h, json!({"preferredRegion":ASIA})).await;
         assert_eq!(r.body["cellUrl"], json!(cell_url("C")));
-        let c_inc = d.cell_status("C").await["runtime"]["cellIncarnation"].as_str().unwrap().to_string();
+        let c_inc = d.cell_status("C").await["runtime"]["cellIncarnation"]
+            .as_str()
+            .unwrap()
+            .to_string();
         d.hb("C", ASIA, false, &c_inc, 100, false).await;
         let h2 = d.host("U2").await;
         let r = d.assign(&h2, json!({"preferredRegion":ASIA})).await;
@@ -290,8 +358,16 @@ async fn d13_no_general_live_cell() {
         d.register("C", ASIA, false).await;
         d.hb("A", US, true, &uuid(), 100, false).await;
         d.hb("B", US, true, &uuid(), 100, false).await;
-        d.admin("cell-state", json!({"v":1,"cellId":"A","state":"migration-only"})).await;
-        d.admin("cell-state", json!({"v":1,"cellId":"B","state":"existing-only"})).await;
+        d.admin(
+            "cell-state",
+            json!({"v":1,"cellId":"A","state":"migration-only"}),
+        )
+        .await;
+        d.admin(
+            "cell-state",
+            json!({"v":1,"cellId":"B","state":"existing-only"}),
+        )
+        .await;
         let h = d.host("U").await;
         let r = d.assign(&h, json!({})).await;
         assert_eq!((r.status, r.error()), (503, "relay_capacity_exhausted"));
@@ -325,14 +401,23 @@ async fn d15_headroom() {
         let b = d.hb_body("A", US, true, &uuid(), 100, 0, Some((499, 0, 499)));
         assert_eq!(d.send_hb(&b).await.status, 200);
         let h1 = d.host("U1").await;
-        assert_eq!(d.assign(&h1, json!({})).await.body["cellUrl"], json!(cell_url("A")));
+        assert_eq!(
+            d.assign(&h1, json!({})).await.body["cellUrl"],
+            json!(cell_url("A"))
+        );
         let h2 = d.host("U2").await;
         let r = d.assign(&h2, json!({})).await;
-        assert_eq!((r.status, r.error()), (503, "relay_connection_headroom_exhausted"));
+        assert_eq!(
+            (r.status, r.error()),
+            (503, "relay_connection_headroom_exhausted")
+        );
         assert_eq!(r.retry_after, None);
         d.register("B", US, false).await;
         d.hb("B", US, true, &uuid(), 100, false).await;
-        assert_eq!(d.assign(&h2, json!({})).await.body["cellUrl"], json!(cell_url("B")));
+        assert_eq!(
+            d.assign(&h2, json!({})).await.body["cellUrl"],
+            json!(cell_url("B"))
+        );
         d.shutdown().await;
     }
 }
@@ -350,11 +435,17 @@ async fn d16_adding_a_cap_removes_headroom_until_next_beat() {
         d.register("A", US, true).await;
         assert_eq!(d.cell_status("A").await["headroom"], json!(false));
         let h = d.host("U").await;
-        assert_eq!(d.assign(&h, json!({})).await.body["cellUrl"], json!(cell_url("B")));
+        assert_eq!(
+            d.assign(&h, json!({})).await.body["cellUrl"],
+            json!(cell_url("B"))
+        );
         d.hb("A", US, true, &ia, 100, true).await;
         assert_eq!(d.cell_status("A").await["headroom"], json!(true));
         let h2 = d.host("U2").await;
-        assert_eq!(d.assign(&h2, json!({})).await.body["cellUrl"], json!(cell_url("A")));
+        assert_eq!(
+            d.assign(&h2, json!({})).await.body["cellUrl"],
+            json!(cell_url("A"))
+        );
         d.shutdown().await;
     }
 }
@@ -370,14 +461,20 @@ async fn d17_uncapped_dead_home_forced_move() {
         d.hb("A", US, true, &ia, 100, false).await;
         d.hb_obs("B", US, true, &uuid(), 100, false, 300).await;
         let h = d.host("U").await;
-        assert_eq!(d.assign(&h, json!({})).await.body["cellUrl"], json!(cell_url("A")));
+        assert_eq!(
+            d.assign(&h, json!({})).await.body["cellUrl"],
+            json!(cell_url("A"))
+        );
         d.hb("A", US, false, &ia, 100, false).await;
         let r = d.assign(&h, json!({})).await;
         assert_eq!(r.body["cellUrl"], json!(cell_url("B")));
         assert_eq!(r.body["assignmentEpoch"], json!(2));
         let w = d.whereabouts(&h).await;
         let leases = w["leases"].as_array().unwrap();
-        assert!(leases.iter().all(|l| l["cellId"] == json!("B")), "{leases:?}");
+        assert!(
+            leases.iter().all(|l| l["cellId"] == json!("B")),
+            "{leases:?}"
+        );
         assert_eq!(d.cell_status("A").await["reservedRequests"], json!(0));
         d.shutdown().await;
     }
@@ -394,13 +491,23 @@ async fn d18_capped_dead_home_refused() {
         d.hb("A", US, true, &ia, 100, true).await;
         d.hb_obs("B", US, true, &uuid(), 100, true, 300).await;
         let h = d.host("U").await;
-        assert_eq!(d.assign(&h, json!({})).await.body["cellUrl"], json!(cell_url("A")));
+        assert_eq!(
+            d.assign(&h, json!({})).await.body["cellUrl"],
+            json!(cell_url("A"))
+        );
         d.hb("A", US, false, &ia, 100, true).await;
         let r = d.assign(&h, json!({})).await;
         assert_eq!((r.status, r.error()), (503, "relay_home_cell_unavailable"));
         assert_eq!(r.retry_after, None);
-        let line = format!("reason=relay_home_cell_unavailable host={} cause=not_ready cell=A", h.digest());
-        assert!(!lines_with(&[&line]).is_empty(), "{:?}", lines_with(&[&h.digest()]));
+        let line = format!(
+            "reason=relay_home_cell_unavailable host={} cause=not_ready cell=A",
+            h.digest()
+        );
+        assert!(
+            !lines_with(&[&line]).is_empty(),
+            "{:?}",
+            lines_with(&[&h.digest()])
+        );
         d.shutdown().await;
     }
 }
@@ -415,16 +522,32 @@ async fn d19_request_errors() {
         d.fast_lanes();
         live_fleet(&d, false).await;
         let h = d.host("U").await;
-        let r = d.post("/v1/assign", None, &json!({"v":1,"relayHostId":h.id})).await;
+        let r = d
+            .post("/v1/assign", None, &json!({"v":1,"relayHostId":h.id}))
+            .await;
         assert_eq!((r.status, r.error()), (401, "invalid_token"));
-        let r = d.post("/v1/assign", Some("garbage"), &json!({"v":1,"relayHostId":h.id})).await;
+        let r = d
+            .post(
+                "/v1/assign",
+                Some("garbage"),
+                &json!({"v":1,"relayHostId":h.id}),
+            )
+            .await;
         assert_eq!((r.status, r.error()), (401, "invalid_token"));
         let r = d.assign(&h, json!({"unknown":1})).await;
         assert_eq!((r.status, r.error()), (400, "invalid_request"));
-        let r = d.post_raw("/v1/assign", Some(&h.token), vec![b' '; 5000]).await;
+        let r = d
+            .post_raw("/v1/assign", Some(&h.token), vec![b' '; 5000])
+            .await;
         assert_eq!((r.status, r.error()), (413, "request_too_large"));
         let other = d.host("U").await;
-        let r = d.post("/v1/assign", Some(&h.token), &json!({"v":1,"relayHostId":other.id})).await;
+        let r = d
+            .post(
+                "/v1/assign",
+                Some(&h.token),
+                &json!({"v":1,"relayHostId":other.id}),
+            )
+            .await;
         assert_eq!((r.status, r.error()), (403, "host_identity_mismatch"));
         let report = json!({"regionCorrection":{"v":1,"action":"report","generation":1,"assignmentEpoch":1,
             "policyVersion":1,"outcome":"inconclusive","reason":"x"}});
@@ -443,9 +566,14 @@ async fn d20_per_host_interval() {
         assert_eq!(d.assign(&h, json!({})).await.status, 200);
         tokio::time::sleep(std::time::Duration::from_millis(200)).await; // the scenario's 0.2 s
         let r = d.assign(&h, json!({})).await;
-        assert_eq!((r.status, r.error()), (503, "assignments_temporarily_unavailable"));
+        assert_eq!(
+            (r.status, r.error()),
+            (503, "assignments_temporarily_unavailable")
+        );
         assert_eq!(r.retry_after.as_deref(), Some("1"));
-        assert!(!lines_with(&["lane=placement", "reason=host-rate-limited", &h.digest()]).is_empty());
+        assert!(
+            !lines_with(&["lane=placement", "reason=host-rate-limited", &h.digest()]).is_empty()
+        );
         d.shutdown().await;
     }
 }
@@ -478,14 +606,19 @@ async fn d21_placement_lane_bounds() {
                 let lease = r.body["lease"].as_str().unwrap();
                 orca_relay::crypto::jwt::verify_assignment_lease(SIGNING, lease, now()).unwrap();
             } else {
-                assert_eq!((r.status, r.error()), (503, "assignments_temporarily_unavailable"));
+                assert_eq!(
+                    (r.status, r.error()),
+                    (503, "assignments_temporarily_unavailable")
+                );
                 assert_eq!(r.retry_after.as_deref(), Some("1"));
                 refused += 1;
             }
         }
         assert!(refused > 0);
         let lines = lines_with(&["route=assign lane=placement"]);
-        assert!(lines.iter().any(|l| l.contains("reason=queue-full") || l.contains("reason=wait-timeout")));
+        assert!(lines
+            .iter()
+            .any(|l| l.contains("reason=queue-full") || l.contains("reason=wait-timeout")));
         d.shutdown().await;
     }
 }
@@ -498,10 +631,16 @@ async fn d22_hinted_lanes() {
         live_fleet(&d, false).await;
         let h = d.host("U").await;
         assert_eq!(d.assign(&h, json!({"reconnect":true})).await.status, 200);
-        let g = format!("[orca-relay] assignment granted lane=placement hinted=true host={} cell=A", h.digest());
+        let g = format!(
+            "[orca-relay] assignment granted lane=placement hinted=true host={} cell=A",
+            h.digest()
+        );
         assert_eq!(lines_with(&[&g]).len(), 1);
         assert_eq!(d.assign(&h, json!({"reconnect":true})).await.status, 200);
-        let g = format!("[orca-relay] assignment granted lane=sticky hinted=true host={} cell=A", h.digest());
+        let g = format!(
+            "[orca-relay] assignment granted lane=sticky hinted=true host={} cell=A",
+            h.digest()
+        );
         assert_eq!(lines_with(&[&g]).len(), 1);
         d.shutdown().await;
     }
@@ -513,7 +652,9 @@ async fn d23_rejection_rate_limit() {
         let d = start(&t, &[]).await;
         d.fast_lanes();
         // The 10 s window, shortened for the test.
-        d.director().rejects.set_window(std::time::Duration::from_millis(1500));
+        d.director()
+            .rejects
+            .set_window(std::time::Duration::from_millis(1500));
         d.register_with("A", US, false, 1).await;
         d.hb("A", US, true, &uuid(), 100, false).await;
         let first = d.host("first").await;
@@ -546,7 +687,10 @@ async fn d23_rejection_rate_limit() {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
         for h in &hosts {
-            assert!(logs().iter().all(|l| !l.contains(&h.id)), "a log line holds a relayHostId");
+            assert!(
+                logs().iter().all(|l| !l.contains(&h.id)),
+                "a log line holds a relayHostId"
+            );
         }
         d.shutdown().await;
     }
@@ -561,7 +705,9 @@ async fn d24_resolve() {
         let h = d.host("U").await;
         let g = d.assign(&h, json!({})).await;
         let rt = d.resume_token(&h).await;
-        let r = d.resolve(&h, &orca_relay::crypto::ident::random_b64u32()).await;
+        let r = d
+            .resolve(&h, &orca_relay::crypto::ident::random_b64u32())
+            .await;
         assert_eq!((r.status, r.error()), (401, "invalid_credential"));
         let before = d.whereabouts(&h).await;
         let r = d.resolve(&h, &rt).await;
@@ -572,7 +718,9 @@ async fn d24_resolve() {
         let after = d.whereabouts(&h).await;
         assert_eq!(before, after, "resolve on a live home writes nothing");
         // Schema and size.
-        let r = d.post("/v1/resolve", None, &json!({"v":1,"relayHostId":h.id})).await;
+        let r = d
+            .post("/v1/resolve", None, &json!({"v":1,"relayHostId":h.id}))
+            .await;
         assert_eq!(r.status, 400);
         let r = d.post_raw("/v1/resolve", None, vec![b' '; 5000]).await;
         assert_eq!(r.status, 413);
@@ -605,7 +753,13 @@ async fn d25_cell_state_stamps() {
         assert_eq!((r.status, r.error()), (400, "invalid_request"));
         let r = st(json!({"v":1,"cellId":"Z","state":"general"})).await;
         assert_eq!((r.status, r.error()), (404, "cell_not_found"));
-        let r = d.post("/v1/admin/cell-state", None, &json!({"v":1,"cellId":"A","state":"general"})).await;
+        let r = d
+            .post(
+                "/v1/admin/cell-state",
+                None,
+                &json!({"v":1,"cellId":"A","state":"general"}),
+            )
+            .await;
         assert_eq!((r.status, r.error()), (401, "invalid_token"));
         d.shutdown().await;
     }
@@ -658,17 +812,29 @@ async fn d27_live_isolated_move() {
         let d = start(&t, &[]).await;
         d.fast_lanes();
         let h = h_on_a(&d, true).await;
-        d.admin("cell-state", json!({"v":1,"cellId":"A","state":"migration-only","rollIsolated":true})).await;
+        d.admin(
+            "cell-state",
+            json!({"v":1,"cellId":"A","state":"migration-only","rollIsolated":true}),
+        )
+        .await;
         let r = d.assign(&h, json!({})).await;
         assert_eq!(r.body["cellUrl"], json!(cell_url("B")));
         assert_eq!(r.body["assignmentEpoch"], json!(2));
-        assert!(logs().iter().any(|l| l.contains("orca_relay_sticky_replaced_off_isolated_cell")
-            && l.contains("\"fromCellId\":\"A\"") && l.contains("\"toCellId\":\"B\"") && l.contains("\"sourceLive\":true")
-            && l.contains("\"admissionState\":\"migration-only\"")));
+        assert!(logs().iter().any(
+            |l| l.contains("orca_relay_sticky_replaced_off_isolated_cell")
+                && l.contains("\"fromCellId\":\"A\"")
+                && l.contains("\"toCellId\":\"B\"")
+                && l.contains("\"sourceLive\":true")
+                && l.contains("\"admissionState\":\"migration-only\"")
+        ));
         let w = d.whereabouts(&h).await;
         let leases = w["leases"].as_array().unwrap();
-        assert!(leases.iter().any(|l| l["cellId"] == json!("A") && l["activityId"] == json!("control-pending:1")));
-        assert!(leases.iter().any(|l| l["cellId"] == json!("B") && l["activityId"] == json!("control-pending:2")));
+        assert!(leases
+            .iter()
+            .any(|l| l["cellId"] == json!("A") && l["activityId"] == json!("control-pending:1")));
+        assert!(leases
+            .iter()
+            .any(|l| l["cellId"] == json!("B") && l["activityId"] == json!("control-pending:2")));
         d.shutdown().await;
     }
 }
@@ -679,8 +845,16 @@ async fn d28_isolated_move_crosses_region() {
         let d = start(&t, &[]).await;
         d.fast_lanes();
         let h = h_on_a(&d, true).await;
-        d.admin("cell-state", json!({"v":1,"cellId":"B","state":"migration-only"})).await;
-        d.admin("cell-state", json!({"v":1,"cellId":"A","state":"migration-only","rollIsolated":true})).await;
+        d.admin(
+            "cell-state",
+            json!({"v":1,"cellId":"B","state":"migration-only"}),
+        )
+        .await;
+        d.admin(
+            "cell-state",
+            json!({"v":1,"cellId":"A","state":"migration-only","rollIsolated":true}),
+        )
+        .await;
         let r = d.assign(&h, json!({})).await;
         assert_eq!(r.body["cellUrl"], json!(cell_url("C")));
         assert_eq!(r.body["assignmentEpoch"], json!(2));
@@ -694,14 +868,29 @@ async fn d29_isolated_pin_deferred() {
         let d = start(&t, &[]).await;
         d.fast_lanes();
         let h = h_on_a(&d, true).await;
-        d.admin("cell-state", json!({"v":1,"cellId":"B","state":"migration-only"})).await;
-        d.admin("cell-state", json!({"v":1,"cellId":"C","state":"existing-only"})).await;
-        d.admin("cell-state", json!({"v":1,"cellId":"A","state":"migration-only","rollIsolated":true})).await;
+        d.admin(
+            "cell-state",
+            json!({"v":1,"cellId":"B","state":"migration-only"}),
+        )
+        .await;
+        d.admin(
+            "cell-state",
+            json!({"v":1,"cellId":"C","state":"existing-only"}),
+        )
+        .await;
+        d.admin(
+            "cell-state",
+            json!({"v":1,"cellId":"A","state":"migration-only","rollIsolated":true}),
+        )
+        .await;
         let r = d.assign(&h, json!({})).await;
         assert_eq!(r.body["cellUrl"], json!(cell_url("A")));
         assert_eq!(r.body["assignmentEpoch"], json!(1));
-        assert!(logs().iter().any(|l| l.contains("orca_relay_sticky_replacement_deferred")
-            && l.contains("\"reason\":\"no_replacement_headroom\"") && l.contains("\"cellId\":\"A\"")));
+        assert!(logs()
+            .iter()
+            .any(|l| l.contains("orca_relay_sticky_replacement_deferred")
+                && l.contains("\"reason\":\"no_replacement_headroom\"")
+                && l.contains("\"cellId\":\"A\"")));
         d.shutdown().await;
     }
 }
@@ -712,7 +901,11 @@ async fn d30_unstamped_migration_only_keeps_host() {
         let d = start(&t, &[]).await;
         d.fast_lanes();
         let h = h_on_a(&d, true).await;
-        d.admin("cell-state", json!({"v":1,"cellId":"A","state":"migration-only"})).await;
+        d.admin(
+            "cell-state",
+            json!({"v":1,"cellId":"A","state":"migration-only"}),
+        )
+        .await;
         let r = d.assign(&h, json!({"reconnect":true})).await;
         assert_eq!(r.body["cellUrl"], json!(cell_url("A")));
         assert_eq!(r.body["assignmentEpoch"], json!(1));
@@ -727,7 +920,11 @@ async fn d31_resolve_on_live_isolated_home() {
         d.fast_lanes();
         let h = h_on_a(&d, true).await;
         let rt = d.resume_token(&h).await;
-        d.admin("cell-state", json!({"v":1,"cellId":"A","state":"migration-only","rollIsolated":true})).await;
+        d.admin(
+            "cell-state",
+            json!({"v":1,"cellId":"A","state":"migration-only","rollIsolated":true}),
+        )
+        .await;
         let r = d.resolve(&h, &rt).await;
         assert_eq!(r.body["cellUrl"], json!(cell_url("A")));
         assert_eq!(r.body["assignmentEpoch"], json!(1));

@@ -52,7 +52,8 @@ async fn race_200_assigns_50_hosts_2_directors() {
                     assert_eq!(prev, &url, "host {i} granted two different cells");
                 }
                 503 => assert!(
-                    ["assignment_row_busy", "assignments_temporarily_unavailable"].contains(&r.error()),
+                    ["assignment_row_busy", "assignments_temporarily_unavailable"]
+                        .contains(&r.error()),
                     "{:?}",
                     r.body
                 ),
@@ -62,13 +63,19 @@ async fn race_200_assigns_50_hosts_2_directors() {
         assert!(ok >= 50, "only {ok} grants");
         let rows = d1
             .db
-            .query("SELECT user_id, COUNT(*) FROM relay_assignments GROUP BY user_id", &[])
+            .query(
+                "SELECT user_id, COUNT(*) FROM relay_assignments GROUP BY user_id",
+                &[],
+            )
             .await
             .unwrap();
         assert!(rows.iter().all(|r| r.i64(1) == 1));
         let cells = d1
             .db
-            .query("SELECT cell_id, reserved_requests, capacity_requests FROM relay_cells", &[])
+            .query(
+                "SELECT cell_id, reserved_requests, capacity_requests FROM relay_cells",
+                &[],
+            )
             .await
             .unwrap();
         for c in &cells {

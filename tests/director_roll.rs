@@ -40,7 +40,10 @@ async fn fixture(t: &orca_relay::store::testing::TestDb, capped_a: bool) -> R {
 /// The operator isolates A; returns the stamp S.
 async fn isolate(d: &Dir, cell: &str) -> i64 {
     let r = d
-        .admin("cell-state", json!({"v":1,"cellId":cell,"state":"migration-only","rollIsolated":true}))
+        .admin(
+            "cell-state",
+            json!({"v":1,"cellId":cell,"state":"migration-only","rollIsolated":true}),
+        )
         .await;
     r.body["cell"]["rollIsolatedAt"].as_i64().unwrap()
 }
@@ -67,7 +70,12 @@ fn granted(resp: &Resp, cell: &str, epoch: i64) {
 /// A refusal: 503 `relay_home_cell_unavailable`, no Retry-After, epoch unchanged, and the exact
 /// rejection line.
 async fn refused(r: &R, route: Route, resp: &Resp, lane: &str, cause: Option<&str>) {
-    assert_eq!((resp.status, resp.error()), (503, "relay_home_cell_unavailable"), "{:?}", resp.body);
+    assert_eq!(
+        (resp.status, resp.error()),
+        (503, "relay_home_cell_unavailable"),
+        "{:?}",
+        resp.body
+    );
     assert_eq!(resp.retry_after, None);
     assert_eq!(r.d.whereabouts(&r.h).await["assignmentEpoch"], json!(1));
     let prefix = match route {
@@ -103,14 +111,24 @@ async fn moves_off_roll_replaced(route: Route) {
         let resp = ask(&r, route).await;
         granted(&resp, "B", 2);
         if route == Route::Assign {
-            let g = format!("[orca-relay] assignment granted lane=placement hinted=true host={} cell=B", r.h.digest());
+            let g = format!(
+                "[orca-relay] assignment granted lane=placement hinted=true host={} cell=B",
+                r.h.digest()
+            );
             assert_eq!(lines_with(&[&g]).len(), 1);
         }
-        assert!(logs().iter().any(|l| l.contains("orca_relay_sticky_replaced_off_isolated_cell")
-            && l.contains("\"sourceLive\":false") && l.contains("\"toCellId\":\"B\"")));
+        assert!(logs().iter().any(
+            |l| l.contains("orca_relay_sticky_replaced_off_isolated_cell")
+                && l.contains("\"sourceLive\":false")
+                && l.contains("\"toCellId\":\"B\"")
+        ));
         // Leases kept: A's pending control stays where it is.
         let w = r.d.whereabouts(&r.h).await;
-        assert!(w["leases"].as_array().unwrap().iter().any(|l| l["cellId"] == json!("A")));
+        assert!(w["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["cellId"] == json!("A")));
         r.d.shutdown().await;
     }
 }
@@ -152,7 +170,8 @@ async fn reported_connections(route: Route) {
     for t in backends().await {
         let r = fixture(&t, true).await;
         let s = isolate(&r.d, "A").await;
-        let b = r.d.hb_body("A", US, false, &uuid(), s + 1, 0, Some((1, 0, 1)));
+        let b =
+            r.d.hb_body("A", US, false, &uuid(), s + 1, 0, Some((1, 0, 1)));
         assert_eq!(r.d.send_hb(&b).await.status, 200);
         let resp = ask(&r, route).await;
         refused(&r, route, &resp, "placement", Some("not_ready")).await;
@@ -197,7 +216,8 @@ async fn d39_resolve_refused_new_process_unheard() {
 async fn stale_stamp(route: Route) {
     for t in backends().await {
         let r = fixture(&t, true).await;
-        r.d.admin("cell-state", json!({"v":1,"cellId":"A","state":"general"})).await;
+        r.d.admin("cell-state", json!({"v":1,"cellId":"A","state":"general"}))
+            .await;
         let old = now() - 7_200_000 - 60_000;
         let resp = r
             .d
@@ -247,7 +267,11 @@ async fn d43_resolve_refused_ordinary_readiness_dip() {
 async fn unstamped_migration_only(route: Route) {
     for t in backends().await {
         let r = fixture(&t, true).await;
-        r.d.admin("cell-state", json!({"v":1,"cellId":"A","state":"migration-only"})).await;
+        r.d.admin(
+            "cell-state",
+            json!({"v":1,"cellId":"A","state":"migration-only"}),
+        )
+        .await;
         r.d.hb("A", US, false, &uuid(), now(), true).await;
         let resp = ask(&r, route).await;
         refused(&r, route, &resp, "sticky", Some("not_ready")).await;
@@ -295,7 +319,11 @@ async fn d48_narrow_path_cross_region() {
     for route in [Route::Assign, Route::Resolve] {
         for t in backends().await {
             let r = fixture(&t, true).await;
-            r.d.admin("cell-state", json!({"v":1,"cellId":"B","state":"migration-only"})).await;
+            r.d.admin(
+                "cell-state",
+                json!({"v":1,"cellId":"B","state":"migration-only"}),
+            )
+            .await;
             let s = isolate(&r.d, "A").await;
             new_process(&r.d, s, true).await;
             granted(&ask(&r, route).await, "C", 2);
@@ -313,7 +341,11 @@ async fn d49_all_rows_path_second_isolation() {
             // H leaves the live isolated A for B, keeping its A lease.
             granted(&r.d.assign(&r.h, json!({})).await, "B", 2);
             let w = r.d.whereabouts(&r.h).await;
-            assert!(w["leases"].as_array().unwrap().iter().any(|l| l["cellId"] == json!("A")));
+            assert!(w["leases"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|l| l["cellId"] == json!("A")));
             // Within 60 s B is isolated and its new process heartbeats not ready.
             let sb = isolate(&r.d, "B").await;
             r.d.hb("B", US, false, &uuid(), sb + 1, true).await;
@@ -344,7 +376,14 @@ async fn d51_uncapped_pre_isolation_dead_cell_path() {
         r.d.hb("A", US, false, &r.ia1, r.t0, false).await;
         granted(&ask(&r, Route::Assign).await, "B", 2);
         let w = r.d.whereabouts(&r.h).await;
-        assert!(w["leases"].as_array().unwrap().iter().all(|l| l["cellId"] != json!("A")), "{w}");
+        assert!(
+            w["leases"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|l| l["cellId"] != json!("A")),
+            "{w}"
+        );
         assert_eq!(r.d.cell_status("A").await["reservedRequests"], json!(0));
         r.d.shutdown().await;
     }
@@ -361,7 +400,10 @@ async fn d52_old_process_cannot_come_back() {
         let resp = r.d.send_hb(&b).await;
         assert_eq!((resp.status, resp.error()), (409, "stale_cell_incarnation"));
         let w: Value = r.d.whereabouts(&r.h).await;
-        assert_eq!((w["cellId"].clone(), w["assignmentEpoch"].clone()), (json!("B"), json!(2)));
+        assert_eq!(
+            (w["cellId"].clone(), w["assignmentEpoch"].clone()),
+            (json!("B"), json!(2))
+        );
         granted(&ask(&r, Route::Assign).await, "B", 2);
         r.d.shutdown().await;
     }
@@ -379,7 +421,11 @@ async fn uncapped_new_process_unheard(route: Route) {
         granted(&ask(&r, route).await, "B", 2);
         let w = r.d.whereabouts(&r.h).await;
         assert!(
-            w["leases"].as_array().unwrap().iter().all(|l| l["cellId"] != json!("A")),
+            w["leases"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|l| l["cellId"] != json!("A")),
             "forced move deletes the A leases: {w}"
         );
         r.d.shutdown().await;

@@ -34,12 +34,20 @@ async fn local_cell_and_configured_cells_registered_without_changing_state() {
         let x = d.cell_status("X").await;
         assert_eq!(x["admissionState"], json!("migration-only"));
         assert_eq!(x["connectionHardCap"], json!(600));
-        d.admin("cell-state", json!({"v":1,"cellId":"local","state":"existing-only"})).await;
-        d.admin("cell-state", json!({"v":1,"cellId":"X","state":"general"})).await;
+        d.admin(
+            "cell-state",
+            json!({"v":1,"cellId":"local","state":"existing-only"}),
+        )
+        .await;
+        d.admin("cell-state", json!({"v":1,"cellId":"X","state":"general"}))
+            .await;
         d.shutdown().await;
         // A restart upserts again but never changes an admission state.
         let d = start(&t, &args).await;
-        assert_eq!(d.cell_status("local").await["admissionState"], json!("existing-only"));
+        assert_eq!(
+            d.cell_status("local").await["admissionState"],
+            json!("existing-only")
+        );
         assert_eq!(d.cell_status("X").await["admissionState"], json!("general"));
         d.shutdown().await;
     }
@@ -66,7 +74,9 @@ async fn in_process_beat_uses_the_same_validation_and_transaction() {
         hb.started_at += 1;
         assert_eq!(
             dir.heartbeat(&hb).await,
-            Err(orca_relay::director::HeartbeatRefusal::Refused("stale_cell_incarnation"))
+            Err(orca_relay::director::HeartbeatRefusal::Refused(
+                "stale_cell_incarnation"
+            ))
         );
         let err = beat_once(&ctx, &target, &hb).await.unwrap_err();
         assert!(err.starts_with("director_heartbeat_409"), "{err}");
@@ -97,20 +107,44 @@ async fn http_client_beats_with_a_cluster_token_and_loops_until_shutdown() {
         }
         use clap::Parser;
         let w = W::try_parse_from([
-            "x", "--role", "cell", "--cell-id", "A", "--cell-url", &cell_url("A"), "--director-url", &d.base,
-            "--database-url", &t.url, "--data-dir", dir.to_str().unwrap(), "--assignment-signing-key", SIGNING,
-            "--cluster-key", CLUSTER, "--admin-token", ADMIN,
+            "x",
+            "--role",
+            "cell",
+            "--cell-id",
+            "A",
+            "--cell-url",
+            &cell_url("A"),
+            "--director-url",
+            &d.base,
+            "--database-url",
+            &t.url,
+            "--data-dir",
+            dir.to_str().unwrap(),
+            "--assignment-signing-key",
+            SIGNING,
+            "--cluster-key",
+            CLUSTER,
+            "--admin-token",
+            ADMIN,
         ])
         .unwrap();
         let config = orca_relay::config::Config::from_args(&w.serve).unwrap();
         let db = orca_relay::store::Db::connect(&t.url, 2).await.unwrap();
-        let ctx = orca_relay::app::Ctx::new(config, db, Arc::new(orca_relay::metrics::Metrics::new()));
+        let ctx =
+            orca_relay::app::Ctx::new(config, db, Arc::new(orca_relay::metrics::Metrics::new()));
         let target = Target::choose(&ctx, None).unwrap();
         assert!(matches!(target, Target::Remote { .. }));
         let inc = uuid();
-        beat_once(&ctx, &target, &body(&d, "A", &inc)).await.unwrap();
-        assert_eq!(d.cell_status("A").await["runtime"]["cellIncarnation"], json!(inc));
-        let err = beat_once(&ctx, &target, &body(&d, "B", &inc)).await.unwrap_err();
+        beat_once(&ctx, &target, &body(&d, "A", &inc))
+            .await
+            .unwrap();
+        assert_eq!(
+            d.cell_status("A").await["runtime"]["cellIncarnation"],
+            json!(inc)
+        );
+        let err = beat_once(&ctx, &target, &body(&d, "B", &inc))
+            .await
+            .unwrap_err();
         assert_eq!(err, "director_heartbeat_409");
         // The loop: first beat at once, stops on shutdown.
         let inc2 = uuid();
@@ -124,7 +158,10 @@ async fn http_client_beats_with_a_cluster_token_and_loops_until_shutdown() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         ctx.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(2), task).await.unwrap().unwrap();
+        tokio::time::timeout(Duration::from_secs(2), task)
+            .await
+            .unwrap()
+            .unwrap();
         d.shutdown().await;
     }
 }

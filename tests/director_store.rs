@@ -73,7 +73,11 @@ pub async fn check_invariants(db: &Db) {
         )
         .await
         .unwrap();
-    assert!(bad.is_empty(), "invariant 1 broken on {:?}", bad.iter().map(|r| r.str(0)).collect::<Vec<_>>());
+    assert!(
+        bad.is_empty(),
+        "invariant 1 broken on {:?}",
+        bad.iter().map(|r| r.str(0)).collect::<Vec<_>>()
+    );
     for (col, kind) in [
         ("reserved_controls", "control"),
         ("reserved_splices", "splice"),
@@ -155,7 +159,9 @@ async fn verify_and_resolve_are_plain_reads() {
         let h = host(1);
         assert!(!verify_cell_assignment(db, &h, "A", 1).await.unwrap());
         assert_eq!(resolve_assignment(db, &h).await.unwrap(), None);
-        let g = assign(db, &h, None, &regions(), AssignOptions::default()).await.unwrap();
+        let g = assign(db, &h, None, &regions(), AssignOptions::default())
+            .await
+            .unwrap();
         assert_eq!((g.cell_id.as_str(), g.assignment_epoch), ("A", 1));
         assert!(verify_cell_assignment(db, &h, "A", 1).await.unwrap());
         assert!(!verify_cell_assignment(db, &h, "A", 2).await.unwrap());
@@ -175,7 +181,9 @@ async fn activate_control_converts_pending_and_claims_reservation() {
         let db = &t.db;
         cell(db, "A", 900, true).await;
         let h = host(1);
-        assign(db, &h, None, &regions(), AssignOptions::default()).await.unwrap();
+        assign(db, &h, None, &regions(), AssignOptions::default())
+            .await
+            .unwrap();
         assert_eq!(reserved(db, "A").await, 1);
         let req = ActivateControl {
             cell_id: "A".into(),
@@ -204,7 +212,10 @@ async fn activate_control_converts_pending_and_claims_reservation() {
         );
         let id = activate_control(db, &h, &req, now()).await.unwrap();
         assert_eq!(id, "control:A:7");
-        assert_eq!(leases(db, &h).await, vec![("control:A:7".into(), "A".into(), 1)]);
+        assert_eq!(
+            leases(db, &h).await,
+            vec![("control:A:7".into(), "A".into(), 1)]
+        );
         assert_eq!(reserved(db, "A").await, 1, "conversion charges nothing");
         let r = db
             .query(
@@ -233,8 +244,14 @@ async fn activate_control_converts_pending_and_claims_reservation() {
         // A newer generation charges 1 and deletes the lower one.
         let mut g8 = req.clone();
         g8.generation = 8;
-        assert_eq!(activate_control(db, &h, &g8, now()).await.unwrap(), "control:A:8");
-        assert_eq!(leases(db, &h).await, vec![("control:A:8".into(), "A".into(), 1)]);
+        assert_eq!(
+            activate_control(db, &h, &g8, now()).await.unwrap(),
+            "control:A:8"
+        );
+        assert_eq!(
+            leases(db, &h).await,
+            vec![("control:A:8".into(), "A".into(), 1)]
+        );
         assert_eq!(reserved(db, "A").await, 1);
         check_invariants(db).await;
     }
@@ -246,7 +263,9 @@ async fn activate_control_capacity() {
         let db = &t.db;
         cell(db, "A", 1, false).await;
         let h = host(1);
-        assign(db, &h, None, &regions(), AssignOptions::default()).await.unwrap();
+        assign(db, &h, None, &regions(), AssignOptions::default())
+            .await
+            .unwrap();
         let req = ActivateControl {
             cell_id: "A".into(),
             assignment_epoch: 1,
@@ -280,40 +299,126 @@ async fn acquire_release_and_validation() {
             acquire_activity(db, &h, "splice:c1", ActivityKind::Splice, "A", None, n).await,
             Err(ActivityError::AssignmentNotFound)
         );
-        assign(db, &h, None, &regions(), AssignOptions::default()).await.unwrap();
+        assign(db, &h, None, &regions(), AssignOptions::default())
+            .await
+            .unwrap();
         let cases: Vec<(&str, ActivityKind, ActivityError)> = vec![
-            ("splice:", ActivityKind::Splice, ActivityError::InvalidActivityId),
-            ("invite:c1", ActivityKind::Splice, ActivityError::InvalidActivityId),
-            ("control-pending:1", ActivityKind::Control, ActivityError::InvalidActivityKind),
-            ("migration:1", ActivityKind::Splice, ActivityError::InvalidActivityKind),
-            ("control:A:x", ActivityKind::Control, ActivityError::InvalidActivityId),
+            (
+                "splice:",
+                ActivityKind::Splice,
+                ActivityError::InvalidActivityId,
+            ),
+            (
+                "invite:c1",
+                ActivityKind::Splice,
+                ActivityError::InvalidActivityId,
+            ),
+            (
+                "control-pending:1",
+                ActivityKind::Control,
+                ActivityError::InvalidActivityKind,
+            ),
+            (
+                "migration:1",
+                ActivityKind::Splice,
+                ActivityError::InvalidActivityKind,
+            ),
+            (
+                "control:A:x",
+                ActivityKind::Control,
+                ActivityError::InvalidActivityId,
+            ),
         ];
         for (id, kind, err) in cases {
-            assert_eq!(acquire_activity(db, &h, id, kind, "A", None, n).await, Err(err), "{id}");
+            assert_eq!(
+                acquire_activity(db, &h, id, kind, "A", None, n).await,
+                Err(err),
+                "{id}"
+            );
         }
         assert_eq!(
             acquire_activity(db, &h, "splice:c1", ActivityKind::Splice, "A", Some(n), n).await,
             Err(ActivityError::InvalidActivityExpiry)
         );
         assert_eq!(
-            acquire_activity(db, &h, "splice:c1", ActivityKind::Splice, "A", Some(n + 600_001), n).await,
+            acquire_activity(
+                db,
+                &h,
+                "splice:c1",
+                ActivityKind::Splice,
+                "A",
+                Some(n + 600_001),
+                n
+            )
+            .await,
             Err(ActivityError::InvalidActivityExpiry)
         );
         assert_eq!(
-            acquire_activity(db, &h, "control:A:1", ActivityKind::Control, "A", Some(n + 120_001), n).await,
+            acquire_activity(
+                db,
+                &h,
+                "control:A:1",
+                ActivityKind::Control,
+                "A",
+                Some(n + 120_001),
+                n
+            )
+            .await,
             Err(ActivityError::InvalidActivityExpiry)
         );
         assert_eq!(
             acquire_activity(db, &h, "splice:c1", ActivityKind::Splice, "B", None, n).await,
             Err(ActivityError::ActivityCellNotAuthoritative)
         );
-        acquire_activity(db, &h, "splice:c1", ActivityKind::Splice, "A", None, n).await.unwrap();
-        acquire_activity(db, &h, "invite-offer:r1", ActivityKind::Invite, "A", None, n).await.unwrap();
-        acquire_activity(db, &h, "install:r2", ActivityKind::Install, "A", Some(n + 600_000), n).await.unwrap();
-        acquire_activity(db, &h, "confirmation:c1", ActivityKind::Confirmation, "A", None, n).await.unwrap();
+        acquire_activity(db, &h, "splice:c1", ActivityKind::Splice, "A", None, n)
+            .await
+            .unwrap();
+        acquire_activity(
+            db,
+            &h,
+            "invite-offer:r1",
+            ActivityKind::Invite,
+            "A",
+            None,
+            n,
+        )
+        .await
+        .unwrap();
+        acquire_activity(
+            db,
+            &h,
+            "install:r2",
+            ActivityKind::Install,
+            "A",
+            Some(n + 600_000),
+            n,
+        )
+        .await
+        .unwrap();
+        acquire_activity(
+            db,
+            &h,
+            "confirmation:c1",
+            ActivityKind::Confirmation,
+            "A",
+            None,
+            n,
+        )
+        .await
+        .unwrap();
         assert_eq!(reserved(db, "A").await, 1 + 2 + 1 + 1 + 1);
         // Extending an existing id charges nothing.
-        acquire_activity(db, &h, "splice:c1", ActivityKind::Splice, "A", Some(n + 500_000), n).await.unwrap();
+        acquire_activity(
+            db,
+            &h,
+            "splice:c1",
+            ActivityKind::Splice,
+            "A",
+            Some(n + 500_000),
+            n,
+        )
+        .await
+        .unwrap();
         assert_eq!(reserved(db, "A").await, 6);
         check_invariants(db).await;
         let row = read_row(db, &h).await.unwrap().unwrap();
@@ -321,11 +426,16 @@ async fn acquire_release_and_validation() {
         assert!(row.lease_expires_at >= n + 600_000);
         release_activity(db, &h, "splice:c1", n).await.unwrap();
         release_activity(db, &h, "splice:c1", n).await.unwrap();
-        release_activity(db, &host(9), "splice:c1", n).await.unwrap();
+        release_activity(db, &host(9), "splice:c1", n)
+            .await
+            .unwrap();
         assert_eq!(reserved(db, "A").await, 4);
         let row = read_row(db, &h).await.unwrap().unwrap();
         assert_eq!(row.counters, [1, 0, 1, 1, 1, 0]);
-        assert!(row.lease_expires_at >= n + 600_000, "never lowered between moves");
+        assert!(
+            row.lease_expires_at >= n + 600_000,
+            "never lowered between moves"
+        );
         check_invariants(db).await;
     }
 }
@@ -336,12 +446,16 @@ async fn acquire_capacity_exhausted() {
         let db = &t.db;
         cell(db, "A", 2, false).await;
         let h = host(1);
-        assign(db, &h, None, &regions(), AssignOptions::default()).await.unwrap();
+        assign(db, &h, None, &regions(), AssignOptions::default())
+            .await
+            .unwrap();
         assert_eq!(
             acquire_activity(db, &h, "splice:c1", ActivityKind::Splice, "A", None, now()).await,
             Err(ActivityError::RelayCapacityExhausted)
         );
-        acquire_activity(db, &h, "invite:c1", ActivityKind::Invite, "A", None, now()).await.unwrap();
+        acquire_activity(db, &h, "invite:c1", ActivityKind::Invite, "A", None, now())
+            .await
+            .unwrap();
         check_invariants(db).await;
     }
 }
@@ -353,7 +467,9 @@ async fn renewals_outcomes() {
         cell(db, "A", 900, false).await;
         cell(db, "B", 900, false).await;
         let h = host(1);
-        assign(db, &h, None, &regions(), AssignOptions::default()).await.unwrap();
+        assign(db, &h, None, &regions(), AssignOptions::default())
+            .await
+            .unwrap();
         let inc = "00000000-0000-4000-8000-000000000001";
         let req = ActivateControl {
             cell_id: "A".into(),
@@ -365,7 +481,17 @@ async fn renewals_outcomes() {
         };
         activate_control(db, &h, &req, now()).await.unwrap();
         let n = now();
-        acquire_activity(db, &h, "splice:s1", ActivityKind::Splice, "A", Some(n + 10_000), n).await.unwrap();
+        acquire_activity(
+            db,
+            &h,
+            "splice:s1",
+            ActivityKind::Splice,
+            "A",
+            Some(n + 10_000),
+            n,
+        )
+        .await
+        .unwrap();
         let row = |host: HostKey, id: &str, exp: i64| RenewalRow {
             host,
             activity_id: id.into(),
@@ -422,21 +548,36 @@ async fn renewals_outcomes() {
         )
         .await
         .unwrap();
-        let out =
-            renew_control_activities(db, "A", inc, &[row(h.clone(), "control:A:3", n + 100_000)], n).await;
+        let out = renew_control_activities(
+            db,
+            "A",
+            inc,
+            &[row(h.clone(), "control:A:3", n + 100_000)],
+            n,
+        )
+        .await;
         assert_eq!(out, vec![RenewalOutcome::ActivityCellNotAuthoritative]);
         // A lease without incarnation (re-acquired) gets the batch's on renewal.
-        db.execute("UPDATE relay_assignments SET cell_id = 'A', assignment_epoch = 1", &[])
-            .await
-            .unwrap();
+        db.execute(
+            "UPDATE relay_assignments SET cell_id = 'A', assignment_epoch = 1",
+            &[],
+        )
+        .await
+        .unwrap();
         db.execute(
             "UPDATE relay_assignment_activity_leases SET cell_incarnation = NULL, control_generation = NULL WHERE activity_id = 'control:A:3'",
             &[],
         )
         .await
         .unwrap();
-        let out =
-            renew_control_activities(db, "A", inc, &[row(h.clone(), "control:A:3", n + 100_000)], n).await;
+        let out = renew_control_activities(
+            db,
+            "A",
+            inc,
+            &[row(h.clone(), "control:A:3", n + 100_000)],
+            n,
+        )
+        .await;
         assert_eq!(out, vec![RenewalOutcome::Renewed]);
         let l = db
             .query(
@@ -459,7 +600,9 @@ async fn renewal_skips_a_locked_row_on_postgres() {
         let db = &t.db;
         cell(db, "A", 900, false).await;
         let h = host(1);
-        assign(db, &h, None, &regions(), AssignOptions::default()).await.unwrap();
+        assign(db, &h, None, &regions(), AssignOptions::default())
+            .await
+            .unwrap();
         let inc = "00000000-0000-4000-8000-000000000001";
         let req = ActivateControl {
             cell_id: "A".into(),
@@ -471,12 +614,9 @@ async fn renewal_skips_a_locked_row_on_postgres() {
         };
         activate_control(db, &h, &req, now()).await.unwrap();
         let mut tx = db.begin().await.unwrap();
-        tx.query(
-            "SELECT user_id FROM relay_assignments FOR UPDATE",
-            &[],
-        )
-        .await
-        .unwrap();
+        tx.query("SELECT user_id FROM relay_assignments FOR UPDATE", &[])
+            .await
+            .unwrap();
         let out = renew_control_activities(
             db,
             "A",
@@ -510,7 +650,9 @@ async fn mark_migration_target_registered_only_open_matching() {
         let db = &t.db;
         cell(db, "A", 900, false).await;
         let h = host(1);
-        assign(db, &h, None, &regions(), AssignOptions::default()).await.unwrap();
+        assign(db, &h, None, &regions(), AssignOptions::default())
+            .await
+            .unwrap();
         let n = now();
         db.execute(
             "INSERT INTO relay_assignment_migrations (user_id, relay_host_id, assignment_epoch, kind, source_cell_id, \
@@ -520,18 +662,29 @@ async fn mark_migration_target_registered_only_open_matching() {
         )
         .await
         .unwrap();
-        mark_migration_target_registered(db, &h, "B", 1, n).await.unwrap();
-        mark_migration_target_registered(db, &h, "A", 2, n).await.unwrap();
+        mark_migration_target_registered(db, &h, "B", 1, n)
+            .await
+            .unwrap();
+        mark_migration_target_registered(db, &h, "A", 2, n)
+            .await
+            .unwrap();
         let reg = || async {
-            db.query("SELECT target_registered_at FROM relay_assignment_migrations", &[])
-                .await
-                .unwrap()[0]
+            db.query(
+                "SELECT target_registered_at FROM relay_assignment_migrations",
+                &[],
+            )
+            .await
+            .unwrap()[0]
                 .opt_i64(0)
         };
         assert_eq!(reg().await, None);
-        mark_migration_target_registered(db, &h, "A", 1, n).await.unwrap();
+        mark_migration_target_registered(db, &h, "A", 1, n)
+            .await
+            .unwrap();
         assert_eq!(reg().await, Some(n));
-        mark_migration_target_registered(db, &h, "A", 1, n + 5).await.unwrap();
+        mark_migration_target_registered(db, &h, "A", 1, n + 5)
+            .await
+            .unwrap();
         assert_eq!(reg().await, Some(n), "set only if null");
     }
 }

@@ -1,6 +1,10 @@
 //! Operator routes (director.md §3.8): admin token, strict bodies, and the Cell / Fence /
 //! HostView / Migration objects.
 
+// Handlers return the finished reply as their error value (`Result<_, Response>`), like
+// `http::parse`; boxing it would only add noise.
+#![allow(clippy::result_large_err)]
+
 use std::sync::Arc;
 
 use http::{HeaderMap, StatusCode};
@@ -44,7 +48,10 @@ pub fn routes(d: Arc<Director>) -> BoxedFilter<(Response,)> {
         .unify()
         .or(admin!("/v1/admin/evacuate-cell", evacuate_cell_route))
         .unify()
-        .or(admin!("/v1/admin/migration-complete", migration_complete_route))
+        .or(admin!(
+            "/v1/admin/migration-complete",
+            migration_complete_route
+        ))
         .unify()
         .boxed()
 }
@@ -435,7 +442,11 @@ fn cell_json(
 use crate::store::migrations::{migration_json, MIGRATION_COLUMNS};
 
 /// HostView objects of `relay_host_id` (optionally one user), by `userId`.
-async fn host_views(db: &Db, relay_host_id: &str, user: Option<&str>) -> Result<Vec<Json>, DbError> {
+async fn host_views(
+    db: &Db,
+    relay_host_id: &str,
+    user: Option<&str>,
+) -> Result<Vec<Json>, DbError> {
     let rows = db
         .query(
             &format!(
@@ -545,7 +556,14 @@ impl Director {
             user_id: r.user_id,
             relay_host_id: r.relay_host_id,
         };
-        match crate::store::migrations::evacuate(&self.ctx.db, &host, Some(&r.target_cell_id), clock::now_ms()).await {
+        match crate::store::migrations::evacuate(
+            &self.ctx.db,
+            &host,
+            Some(&r.target_cell_id),
+            clock::now_ms(),
+        )
+        .await
+        {
             Ok(m) => h::json(StatusCode::OK, &json!({"v":1,"migration":m})),
             Err(e) => migration_error(e),
         }
@@ -585,14 +603,25 @@ impl Director {
             Ok(r) => r,
             Err(e) => return e,
         };
-        if r.v != 1 || !is_opaque_id(&r.user_id) || !is_opaque_id(&r.relay_host_id) || r.assignment_epoch < 1 {
+        if r.v != 1
+            || !is_opaque_id(&r.user_id)
+            || !is_opaque_id(&r.relay_host_id)
+            || r.assignment_epoch < 1
+        {
             return h::bad_request();
         }
         let host = HostKey {
             user_id: r.user_id,
             relay_host_id: r.relay_host_id,
         };
-        match crate::store::migrations::complete(&self.ctx.db, &host, r.assignment_epoch, clock::now_ms()).await {
+        match crate::store::migrations::complete(
+            &self.ctx.db,
+            &host,
+            r.assignment_epoch,
+            clock::now_ms(),
+        )
+        .await
+        {
             Ok(m) => h::json(StatusCode::OK, &json!({"v":1,"migration":m})),
             Err(e) => migration_error(e),
         }

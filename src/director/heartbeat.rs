@@ -20,7 +20,8 @@ pub enum HeartbeatRefusal {
 
 pub const TELEMETRY_INCOMPLETE: &str = "connection telemetry must be complete";
 pub const TELEMETRY_SUM: &str = "connection telemetry sum does not match";
-pub const TELEMETRY_BOUND: &str = "connection unobserved bound must leave ordinary admission capacity";
+pub const TELEMETRY_BOUND: &str =
+    "connection unobserved bound must leave ordinary admission capacity";
 
 /// The schema of §3.6.
 pub fn validate(hb: &CellHeartbeat, regions: &[String]) -> Result<Beat, HeartbeatRefusal> {
@@ -162,15 +163,27 @@ mod tests {
     fn schema() {
         let mut h = hb();
         h.region = "eu-west1".into();
-        assert_eq!(validate(&h, &regions()), Err(HeartbeatRefusal::InvalidRequest));
+        assert_eq!(
+            validate(&h, &regions()),
+            Err(HeartbeatRefusal::InvalidRequest)
+        );
         let mut h = hb();
         h.started_at = 0;
-        assert_eq!(validate(&h, &regions()), Err(HeartbeatRefusal::InvalidRequest));
+        assert_eq!(
+            validate(&h, &regions()),
+            Err(HeartbeatRefusal::InvalidRequest)
+        );
         let mut h = hb();
         h.cell_incarnation = "nope".into();
-        assert_eq!(validate(&h, &regions()), Err(HeartbeatRefusal::InvalidRequest));
+        assert_eq!(
+            validate(&h, &regions()),
+            Err(HeartbeatRefusal::InvalidRequest)
+        );
         let mut h = hb();
         h.connection_hard_cap = Some(100);
-        assert_eq!(validate(&h, &regions()), Err(HeartbeatRefusal::InvalidRequest));
+        assert_eq!(
+            validate(&h, &regions()),
+            Err(HeartbeatRefusal::InvalidRequest)
+        );
     }
 }

@@ -18,7 +18,10 @@ pub const TIMEOUT: Duration = Duration::from_secs(10);
 /// Where beats go.
 pub enum Target {
     Local(Arc<Director>),
-    Remote { url: String, client: reqwest::Client },
+    Remote {
+        url: String,
+        client: reqwest::Client,
+    },
 }
 
 impl Target {
@@ -28,10 +31,7 @@ impl Target {
             (None, Some(d)) => Some(Target::Local(d)),
             (Some(url), _) => Some(Target::Remote {
                 url: url.clone(),
-                client: reqwest::Client::builder()
-                    .timeout(TIMEOUT)
-                    .build()
-                    .ok()?,
+                client: reqwest::Client::builder().timeout(TIMEOUT).build().ok()?,
             }),
             (None, None) => None,
         }

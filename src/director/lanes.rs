@@ -107,7 +107,11 @@ impl Lane {
             name,
             sem: Arc::new(Semaphore::new(cfg.concurrency)),
             queued: AtomicUsize::new(0),
-            interval_ms: AtomicU64::new(if per_host { cfg.retry_after_s * 1000 } else { 0 }),
+            interval_ms: AtomicU64::new(if per_host {
+                cfg.retry_after_s * 1000
+            } else {
+                0
+            }),
             hosts: Mutex::new(HashMap::new()),
             cfg,
         })
@@ -115,7 +119,8 @@ impl Lane {
 
     /// Overrides the per-host interval (tests that issue many requests for one host).
     pub fn set_interval(&self, d: Duration) {
-        self.interval_ms.store(d.as_millis() as u64, Ordering::Relaxed);
+        self.interval_ms
+            .store(d.as_millis() as u64, Ordering::Relaxed);
     }
 
     fn per_host(&self) -> bool {
@@ -201,7 +206,10 @@ mod tests {
         let l2 = lane.clone();
         let waiter = tokio::spawn(async move { l2.enter(&host(2)).await.map(|_| ()) });
         tokio::task::yield_now().await;
-        assert_eq!(lane.enter(&host(3)).await.err(), Some(LaneReject::QueueFull));
+        assert_eq!(
+            lane.enter(&host(3)).await.err(),
+            Some(LaneReject::QueueFull)
+        );
         assert_eq!(waiter.await.unwrap(), Err(LaneReject::WaitTimeout));
         drop(p1);
         assert!(lane.enter(&host(3)).await.is_ok());
@@ -212,7 +220,10 @@ mod tests {
         let lane = Lane::new("sticky", cfg(4, 4, 50), true);
         lane.set_interval(Duration::from_millis(100));
         let p = lane.enter(&host(1)).await.unwrap();
-        assert_eq!(lane.enter(&host(1)).await.err(), Some(LaneReject::HostInFlight));
+        assert_eq!(
+            lane.enter(&host(1)).await.err(),
+            Some(LaneReject::HostInFlight)
+        );
         p.started();
         drop(p);
         assert_eq!(

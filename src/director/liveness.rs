@@ -318,7 +318,13 @@ pub(crate) mod tests {
         c.connection_unobserved_bound = Some(500);
         assert!(!c.headroom(NOW));
         let mut c = capped(cell("a", "r"), 0, 0, 0);
-        c.runtime.as_mut().unwrap().telemetry.as_mut().unwrap().observed_at = NOW - 45_000;
+        c.runtime
+            .as_mut()
+            .unwrap()
+            .telemetry
+            .as_mut()
+            .unwrap()
+            .observed_at = NOW - 45_000;
         assert!(!c.headroom(NOW), "stale telemetry");
         c.runtime.as_mut().unwrap().telemetry = None;
         assert!(!c.headroom(NOW), "missing telemetry");

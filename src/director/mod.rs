@@ -73,8 +73,8 @@ impl Director {
         let director = Arc::new(Director {
             host_token_key: key,
             verifier: HostTokenVerifier::new(key, jwks),
-            placement_lane: Lane::new("placement", cfg.placement_lane.clone(), true),
-            sticky_lane: Lane::new("sticky", cfg.sticky_lane.clone(), true),
+            placement_lane: Lane::new("placement", cfg.placement_lane, true),
+            sticky_lane: Lane::new("sticky", cfg.sticky_lane, true),
             resolve_lane: Lane::new("resolve", resolve_cfg, false),
             rejects: RejectLog::new(),
             regions_cache: tokio::sync::Mutex::new(None),

@@ -223,11 +223,18 @@ impl MoveKind {
 pub enum Decision {
     /// A.5: the host holds a control on its home: extend and grant the same epoch.
     /// `deferred`: an isolated move found no target (§6.3).
-    Grant { deferred: bool },
+    Grant {
+        deferred: bool,
+    },
     /// A.7: charge 1 on the home (re-checked under the home row lock) and grant the same epoch.
     /// `deferred`: an isolated move found no target (§6.3).
-    ChargeHome { deferred: bool },
-    Move { target: String, kind: MoveKind },
+    ChargeHome {
+        deferred: bool,
+    },
+    Move {
+        target: String,
+        kind: MoveKind,
+    },
     Refuse(Refusal),
 }
 
@@ -508,14 +515,20 @@ mod tests {
     fn sticky_grant_and_charge() {
         let cells = fleet();
         let h = host("A", 1, vec![lease("control-pending:1", "A", 1, 10_000)]);
-        assert_eq!(decide_sticky(&h, Some(&cells[0]), NOW), Some(Decision::Grant { deferred: false }));
+        assert_eq!(
+            decide_sticky(&h, Some(&cells[0]), NOW),
+            Some(Decision::Grant { deferred: false })
+        );
         let h = host("A", 2, vec![lease("control-pending:1", "A", 1, 10_000)]);
         assert_eq!(
             decide_sticky(&h, Some(&cells[0]), NOW),
             Some(Decision::ChargeHome { deferred: false })
         );
         let h = host("A", 2, vec![lease("control:A:7", "A", 1, 10_000)]);
-        assert_eq!(decide_sticky(&h, Some(&cells[0]), NOW), Some(Decision::Grant { deferred: false }));
+        assert_eq!(
+            decide_sticky(&h, Some(&cells[0]), NOW),
+            Some(Decision::Grant { deferred: false })
+        );
         let h = host("A", 2, vec![lease("control:B:7", "B", 1, 10_000)]);
         assert!(!h.holds_control_on("A"));
     }
@@ -526,7 +539,10 @@ mod tests {
         cells[0] = capped(cell("A", US), 500, 500, 0);
         let h = host("A", 1, vec![]);
         assert_eq!(decide_sticky(&h, Some(&cells[0]), NOW), None);
-        assert_eq!(decide(Some(&h), &cells, US, NOW), moved("B", MoveKind::Headroom));
+        assert_eq!(
+            decide(Some(&h), &cells, US, NOW),
+            moved("B", MoveKind::Headroom)
+        );
         let h2 = host("A", 1, vec![lease("splice:x", "A", 2, 10_000)]);
         assert_eq!(
             decide(Some(&h2), &cells, US, NOW),
@@ -555,7 +571,10 @@ mod tests {
         h.row.last_activity_at = NOW - DORMANT_AFTER_MS;
         assert!(h.dormant(NOW));
         assert_eq!(decide_sticky(&h, Some(&cells[0]), NOW), None);
-        assert_eq!(decide(Some(&h), &cells, US, NOW), moved("A", MoveKind::Fresh));
+        assert_eq!(
+            decide(Some(&h), &cells, US, NOW),
+            moved("A", MoveKind::Fresh)
+        );
         h.row.last_activity_at = NOW - DORMANT_AFTER_MS + 1;
         assert!(!h.dormant(NOW));
 
@@ -564,7 +583,10 @@ mod tests {
         let mut h = host("A", 4, vec![lease("control-pending:4", "A", 1, 10_000)]);
         h.row.last_activity_at = NOW - 60_000;
         assert!(h.stranded(Some(&cells[0]), NOW));
-        assert_eq!(decide(Some(&h), &cells, US, NOW), moved("B", MoveKind::Forced));
+        assert_eq!(
+            decide(Some(&h), &cells, US, NOW),
+            moved("B", MoveKind::Forced)
+        );
         h.row.last_activity_at = NOW - 59_999;
         assert!(!h.stranded(Some(&cells[0]), NOW));
         h.row.last_activity_at = NOW - 900_000;
@@ -676,7 +698,13 @@ mod tests {
     fn reported_connections_refused() {
         for (total, in_flight) in [(1, 0), (0, 1)] {
             let (mut cells, h) = fixture_r(true);
-            let t = cells[0].runtime.as_mut().unwrap().telemetry.as_mut().unwrap();
+            let t = cells[0]
+                .runtime
+                .as_mut()
+                .unwrap()
+                .telemetry
+                .as_mut()
+                .unwrap();
             t.total_connections = total;
             t.in_flight_connections = in_flight;
             t.enforced_connection_units = total + in_flight;
@@ -765,7 +793,10 @@ mod tests {
         let (mut cells, h) = fixture_r(false);
         cells[0].connection_hard_cap = None;
         cells[0].connection_unobserved_bound = None;
-        assert_eq!(decide(Some(&h), &cells, US, NOW), moved("B", MoveKind::Forced));
+        assert_eq!(
+            decide(Some(&h), &cells, US, NOW),
+            moved("B", MoveKind::Forced)
+        );
     }
 
     #[test]
@@ -781,7 +812,10 @@ mod tests {
             attested_at: NOW - 1_000,
             expires_at: NOW + 200_000,
         });
-        assert_eq!(decide(Some(&h), &cells, US, NOW), moved("B", MoveKind::Forced));
+        assert_eq!(
+            decide(Some(&h), &cells, US, NOW),
+            moved("B", MoveKind::Forced)
+        );
     }
 
     #[test]
@@ -794,7 +828,10 @@ mod tests {
         // Uncapped: forced move.
         let mut cells = fleet();
         cells[0].runtime.as_mut().unwrap().ready = false;
-        assert_eq!(decide(Some(&h), &cells, US, NOW), moved("B", MoveKind::Forced));
+        assert_eq!(
+            decide(Some(&h), &cells, US, NOW),
+            moved("B", MoveKind::Forced)
+        );
     }
 
     #[test]

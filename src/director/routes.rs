@@ -2,6 +2,10 @@
 //! then the store operations. Every refusal is a concrete response with the spec's status, code
 //! and headers.
 
+// Handlers return the finished reply as their error value (`Result<_, Response>`), like
+// `http::parse`; boxing it would only add noise.
+#![allow(clippy::result_large_err)]
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,13 +43,17 @@ pub fn all(d: Arc<Director>) -> BoxedFilter<(Response,)> {
             d.resolve_route(b).await
         }))
         .unify()
-        .or(post(d.clone(), "/v1/admin/cell-heartbeat", |d, hd, b| async move {
-            d.heartbeat_route(hd, b).await
-        }))
+        .or(post(
+            d.clone(),
+            "/v1/admin/cell-heartbeat",
+            |d, hd, b| async move { d.heartbeat_route(hd, b).await },
+        ))
         .unify()
-        .or(post(d.clone(), "/v1/admin/cell-rehome-status", |d, hd, b| async move {
-            d.rehome_status_route(hd, b).await
-        }))
+        .or(post(
+            d.clone(),
+            "/v1/admin/cell-rehome-status",
+            |d, hd, b| async move { d.rehome_status_route(hd, b).await },
+        ))
         .unify()
         .or(regions_route(d.clone()))
         .unify()
@@ -357,7 +365,8 @@ impl Director {
                         cell_id
                     );
                 }
-                let mut body = json!({"v":1,"cellUrl":cell_url,"assignmentEpoch":epoch,"lease":lease});
+                let mut body =
+                    json!({"v":1,"cellUrl":cell_url,"assignmentEpoch":epoch,"lease":lease});
                 if window {
                     // §8 is not built: the window cannot be issued; the grant is returned without
                     // `regionCorrection`, as for any failed `issue-window`.
@@ -444,7 +453,9 @@ impl Director {
             Ok(Err(e)) => self.assign_failed(c, e, &host),
             Err(_) => self.assign_failed(
                 c,
-                AssignError::Db(crate::store::DbError::Transient("resolve task failed".into())),
+                AssignError::Db(crate::store::DbError::Transient(
+                    "resolve task failed".into(),
+                )),
                 &host,
             ),
         }
@@ -524,8 +535,10 @@ impl Director {
         let now = clock::now_ms();
         let inc = st.cell_incarnation.to_ascii_lowercase();
         let safety = serde_json::to_string(&st.safety).unwrap_or_default();
-        let r: Result<(), crate::store::cells::BeatError> =
-            crate::transaction!(self.ctx.db, "cell-runtime", |tx| {
+        let r: Result<(), crate::store::cells::BeatError> = crate::transaction!(
+            self.ctx.db,
+            "cell-runtime",
+            |tx| {
                 use crate::store::cells::BeatError;
                 let cell = tx
                     .query_opt(
@@ -553,7 +566,8 @@ impl Director {
                 )
                 .await?;
                 Ok(())
-            });
+            }
+        );
         match r {
             Ok(()) => Ok(()),
             Err(crate::store::cells::BeatError::Refused(c)) => Err(HeartbeatRefusal::Refused(c)),

@@ -34,9 +34,10 @@ pub fn spawn(d: Arc<Director>, stop: CancellationToken) -> tokio::task::JoinHand
 
 fn report(step: &str, r: Result<SweepCount, DbError>) {
     match r {
-        Ok(c) if c.skipped > 0 => {
-            crate::logging::event("orca_relay_sweep_busy", json!({"sweep": step, "skipped": c.skipped}))
-        }
+        Ok(c) if c.skipped > 0 => crate::logging::event(
+            "orca_relay_sweep_busy",
+            json!({"sweep": step, "skipped": c.skipped}),
+        ),
         Ok(_) => {}
         Err(e) => {
             log::warn!("[orca-relay] assignment cleanup failed: {step}");
@@ -50,17 +51,30 @@ pub async fn run_once(d: &Director) {
     let db = &d.ctx.db;
     let now = crate::clock::now_ms();
     report("refresh-migrations", m::refresh_migrations(db, now).await);
-    report("complete-ready-migrations", m::complete_ready(db, now).await);
-    report("expire-unarrived-migrations", m::expire_unarrived(db, now).await);
+    report(
+        "complete-ready-migrations",
+        m::complete_ready(db, now).await,
+    );
+    report(
+        "expire-unarrived-migrations",
+        m::expire_unarrived(db, now).await,
+    );
     report("expire-aged-migrations", m::expire_aged(db, now).await);
-    report("release-expired-activity-leases", m::release_expired_leases(db, now).await);
+    report(
+        "release-expired-activity-leases",
+        m::release_expired_leases(db, now).await,
+    );
     report(
         "release-connection-reservations",
-        m::release_old_reservations(db, now).await.map(|_| SweepCount::default()),
+        m::release_old_reservations(db, now)
+            .await
+            .map(|_| SweepCount::default()),
     );
     report(
         "release-expired-region-decisions",
-        m::release_old_decisions(db, now).await.map(|_| SweepCount::default()),
+        m::release_old_decisions(db, now)
+            .await
+            .map(|_| SweepCount::default()),
     );
     report("evacuate-dead-cells", evacuate_dead_cells(d, now).await);
 }
@@ -77,7 +91,9 @@ async fn evacuate_dead_cells(d: &Director, now: i64) -> Result<SweepCount, DbErr
             &host,
             None,
             &d.ctx.config.regions,
-            AssignOptions { cell_wait_ms: 1_000 },
+            AssignOptions {
+                cell_wait_ms: 1_000,
+            },
         )
         .await;
         let e = per_cell.entry(cell).or_default();

@@ -292,7 +292,12 @@ pub async fn lock_reservations(tx: &mut Tx, host: &HostKey) -> Result<(), DbErro
 }
 
 /// Charges `units` to `cell_id` if it fits its capacity; false when it does not.
-pub async fn charge_cell(tx: &mut Tx, cell_id: &str, units: i64, now: i64) -> Result<bool, DbError> {
+pub async fn charge_cell(
+    tx: &mut Tx,
+    cell_id: &str,
+    units: i64,
+    now: i64,
+) -> Result<bool, DbError> {
     if units == 0 {
         return Ok(true);
     }
@@ -321,7 +326,12 @@ pub async fn free_cell(tx: &mut Tx, cell_id: &str, units: i64, now: i64) -> Resu
 }
 
 /// Deletes one lease and frees its units.
-pub async fn delete_lease(tx: &mut Tx, host: &HostKey, lease: &Lease, now: i64) -> Result<(), DbError> {
+pub async fn delete_lease(
+    tx: &mut Tx,
+    host: &HostKey,
+    lease: &Lease,
+    now: i64,
+) -> Result<(), DbError> {
     let n = tx
         .execute(
             "DELETE FROM relay_assignment_activity_leases WHERE user_id = $1 AND relay_host_id = $2 AND activity_id = $3",
@@ -596,8 +606,17 @@ pub async fn activate_control(
                 if !charge_cell(tx, &req.cell_id, 1, now).await? {
                     return Err(ActivityError::RelayCapacityExhausted);
                 }
-                insert_lease(tx, host, &id, "control", &req.cell_id, 1, now + LEASE_TTL_MS, now)
-                    .await?;
+                insert_lease(
+                    tx,
+                    host,
+                    &id,
+                    "control",
+                    &req.cell_id,
+                    1,
+                    now + LEASE_TTL_MS,
+                    now,
+                )
+                .await?;
             }
         }
         tx.execute(
@@ -693,7 +712,9 @@ pub async fn acquire_activity(
         let migration = lock_open_migration(tx, host).await?;
         let authoritative = row.cell_id == cell_id
             || (kind != ActivityKind::Control
-                && migration.as_ref().is_some_and(|m| m.source_cell_id == cell_id));
+                && migration
+                    .as_ref()
+                    .is_some_and(|m| m.source_cell_id == cell_id));
         if !authoritative {
             return Err(ActivityError::ActivityCellNotAuthoritative);
         }
@@ -717,8 +738,17 @@ pub async fn acquire_activity(
                 if !charge_cell(tx, cell_id, units, now).await? {
                     return Err(ActivityError::RelayCapacityExhausted);
                 }
-                insert_lease(tx, host, activity_id, kind.as_str(), cell_id, units, expires_at, now)
-                    .await?;
+                insert_lease(
+                    tx,
+                    host,
+                    activity_id,
+                    kind.as_str(),
+                    cell_id,
+                    units,
+                    expires_at,
+                    now,
+                )
+                .await?;
             }
         }
         refresh_row(tx, host, Some(now), now).await?;
@@ -734,7 +764,10 @@ pub async fn release_activity(
     now: i64,
 ) -> Result<(), DbError> {
     transaction!(db, "activity-lease", |tx| {
-        if lock_row(tx, host, Some(CELL_DRIVEN_WAIT_MS)).await?.is_none() {
+        if lock_row(tx, host, Some(CELL_DRIVEN_WAIT_MS))
+            .await?
+            .is_none()
+        {
             return Ok(());
         }
         let leases = lock_leases(tx, host).await?;
@@ -791,10 +824,7 @@ pub async fn renew_control_activities(
                     params![&h.user_id, &h.relay_host_id],
                 )
                 .await?;
-            let row = match r {
-                Some(r) => Some(AssignmentRow::from_row(&r)),
-                None => None,
-            };
+            let row = r.map(|r| AssignmentRow::from_row(&r));
             locked.insert(*h, row);
         }
         let mut out = Vec::with_capacity(rows.len());
@@ -872,7 +902,13 @@ pub async fn renew_control_activities(
                 "UPDATE relay_assignment_activity_leases SET expires_at = $4, updated_at = $5 \
                  WHERE user_id = $1 AND relay_host_id = $2 AND cell_id = $3 AND expires_at > $5 \
                  AND expires_at < $4 AND activity_kind IN ('splice', 'confirmation')",
-                params![&r.host.user_id, &r.host.relay_host_id, cell_id, r.expires_at, now],
+                params![
+                    &r.host.user_id,
+                    &r.host.relay_host_id,
+                    cell_id,
+                    r.expires_at,
+                    now
+                ],
             )
             .await?;
             refresh_row(tx, &r.host, Some(now), now).await?;

@@ -150,11 +150,14 @@ pub async fn views(
             .iter()
             .find(|x| x.str(0) == c.cell_id)
             .map(runtime_from_row);
-        c.fence = fences.iter().find(|x| x.str(0) == c.cell_id).map(|x| Fence {
-            cell_incarnation: x.str(1),
-            attested_at: x.i64(2),
-            expires_at: x.i64(3),
-        });
+        c.fence = fences
+            .iter()
+            .find(|x| x.str(0) == c.cell_id)
+            .map(|x| Fence {
+                cell_incarnation: x.str(1),
+                attested_at: x.i64(2),
+                expires_at: x.i64(3),
+            });
         c.outstanding = outstanding
             .iter()
             .find(|x| x.str(0) == c.cell_id)
@@ -213,9 +216,8 @@ impl super::RetryClass for BeatError {
 /// Applies an accepted heartbeat, then releases reservations it settles (§4.4). A refused beat of
 /// an existing cell still deletes the cell's fence.
 pub async fn heartbeat(db: &Db, beat: &Beat, now: i64) -> Result<(), BeatError> {
-    let result: Result<bool, BeatError> = crate::transaction!(db, "cell-runtime", |tx| {
-        apply_beat(tx, beat, now).await
-    });
+    let result: Result<bool, BeatError> =
+        crate::transaction!(db, "cell-runtime", |tx| apply_beat(tx, beat, now).await);
     match result {
         Ok(_) => {
             let _ = release_after_beat(db, beat, now).await;
@@ -249,7 +251,9 @@ async fn apply_beat(tx: &mut Tx, beat: &Beat, now: i64) -> Result<bool, BeatErro
     }
     let stored = tx
         .query_opt(
-            &format!("SELECT {RUNTIME_COLUMNS} FROM relay_cell_runtime WHERE cell_id = $1 FOR UPDATE"),
+            &format!(
+                "SELECT {RUNTIME_COLUMNS} FROM relay_cell_runtime WHERE cell_id = $1 FOR UPDATE"
+            ),
             params![&beat.cell_id],
         )
         .await?
@@ -275,7 +279,10 @@ async fn apply_beat(tx: &mut Tx, beat: &Beat, now: i64) -> Result<bool, BeatErro
         (None, None) => {}
     }
     if let (Some(s), Some(t), IncarnationVerdict::Accept) = (&stored, &beat.telemetry, verdict) {
-        if s.telemetry.as_ref().is_some_and(|st| t[6] <= st.inclusion_watermark) {
+        if s.telemetry
+            .as_ref()
+            .is_some_and(|st| t[6] <= st.inclusion_watermark)
+        {
             return Err(BeatError::Refused("stale_connection_snapshot"));
         }
     }
@@ -525,9 +532,7 @@ pub async fn set_state(
         let old_state = Admission::parse(&row.str(0)).unwrap_or(Admission::General);
         let old_stamp = row.opt_i64(1);
         let stamp = match (state, roll_isolated) {
-            (Admission::MigrationOnly, Some(true)) => {
-                old_stamp.or(roll_isolated_at).or(Some(now))
-            }
+            (Admission::MigrationOnly, Some(true)) => old_stamp.or(roll_isolated_at).or(Some(now)),
             (Admission::MigrationOnly, Some(false)) => None,
             (Admission::MigrationOnly, None) => old_stamp,
             _ => None,
@@ -634,7 +639,9 @@ async fn joined_views(
         .map(|c| format!("r.{}", c.trim()))
         .collect::<Vec<_>>()
         .join(", ");
-    let filter = filter.replace("cell_id", "c.cell_id").replace("admission_state", "c.admission_state");
+    let filter = filter
+        .replace("cell_id", "c.cell_id")
+        .replace("admission_state", "c.admission_state");
     let rows = r
         .query(
             &format!(

@@ -154,11 +154,28 @@ async fn evacuate_tx(
         None => {
             let cells = cells::views(Reader::Tx(tx), Which::All, true).await?;
             let source = cells.iter().find(|c| c.cell_id == source_id).cloned();
-            let region = source.as_ref().map(|c| c.region.clone()).unwrap_or_default();
-            let target = select(&cells, Scope::Require(&region), src + 1, Some(&source_id), now)
-                .or_else(|| select(&cells, Scope::Outside(&region), src + 1, Some(&source_id), now))
-                .cloned()
-                .ok_or(MigrationError::Refused("target_cell_unavailable"))?;
+            let region = source
+                .as_ref()
+                .map(|c| c.region.clone())
+                .unwrap_or_default();
+            let target = select(
+                &cells,
+                Scope::Require(&region),
+                src + 1,
+                Some(&source_id),
+                now,
+            )
+            .or_else(|| {
+                select(
+                    &cells,
+                    Scope::Outside(&region),
+                    src + 1,
+                    Some(&source_id),
+                    now,
+                )
+            })
+            .cloned()
+            .ok_or(MigrationError::Refused("target_cell_unavailable"))?;
             (source, target)
         }
     };
@@ -169,7 +186,9 @@ async fn evacuate_tx(
         return Err(MigrationError::Refused("source_cell_unavailable"));
     }
     if !target.headroom(now) {
-        return Err(MigrationError::Refused("relay_connection_headroom_exhausted"));
+        return Err(MigrationError::Refused(
+            "relay_connection_headroom_exhausted",
+        ));
     }
     if target.reserved_requests + src + 1 > target.capacity_requests {
         return Err(MigrationError::Refused("relay_capacity_exhausted"));
@@ -186,8 +205,28 @@ async fn evacuate_tx(
     if !charge_cell(tx, &target.cell_id, src + 1, now).await? {
         return Err(MigrationError::Refused("relay_capacity_exhausted"));
     }
-    insert_lease(tx, host, &format!("control-pending:{e}"), "control", &target.cell_id, 1, deadline, now).await?;
-    insert_lease(tx, host, &format!("migration:{e}"), "migration", &target.cell_id, src, deadline, now).await?;
+    insert_lease(
+        tx,
+        host,
+        &format!("control-pending:{e}"),
+        "control",
+        &target.cell_id,
+        1,
+        deadline,
+        now,
+    )
+    .await?;
+    insert_lease(
+        tx,
+        host,
+        &format!("migration:{e}"),
+        "migration",
+        &target.cell_id,
+        src,
+        deadline,
+        now,
+    )
+    .await?;
     if target.capped() {
         reserve_connection(tx, host, e, &target.cell_id, now).await?;
     }
@@ -215,7 +254,9 @@ async fn evacuate_tx(
     )
     .await?;
     refresh_row(tx, host, Some(now), now).await?;
-    let r = read_migration(tx, host, e).await?.ok_or(MigrationError::Refused("migration_not_found"))?;
+    let r = read_migration(tx, host, e)
+        .await?
+        .ok_or(MigrationError::Refused("migration_not_found"))?;
     Ok(migration_json(&r))
 }
 
@@ -283,11 +324,22 @@ async fn hosts_without_migration(
 }
 
 /// `migration-complete` (§7.3).
-pub async fn complete(db: &Db, host: &HostKey, epoch: i64, now: i64) -> Result<Json, MigrationError> {
-    crate::transaction!(db, "migration", |tx| complete_tx(tx, host, epoch, now).await)
+pub async fn complete(
+    db: &Db,
+    host: &HostKey,
+    epoch: i64,
+    now: i64,
+) -> Result<Json, MigrationError> {
+    crate::transaction!(db, "migration", |tx| complete_tx(tx, host, epoch, now)
+        .await)
 }
 
-async fn complete_tx(tx: &mut Tx, host: &HostKey, epoch: i64, now: i64) -> Result<Json, MigrationError> {
+async fn complete_tx(
+    tx: &mut Tx,
+    host: &HostKey,
+    epoch: i64,
+    now: i64,
+) -> Result<Json, MigrationError> {
     let hv = lock_host(tx, host)
         .await?
         .ok_or(MigrationError::Refused("migration_not_found"))?;
@@ -297,7 +349,9 @@ async fn complete_tx(tx: &mut Tx, host: &HostKey, epoch: i64, now: i64) -> Resul
     };
     completion_check(tx, &hv, &m, now).await?;
     settle(tx, host, &hv, &m, now).await?;
-    let r = read_migration(tx, host, epoch).await?.ok_or(MigrationError::Refused("migration_not_found"))?;
+    let r = read_migration(tx, host, epoch)
+        .await?
+        .ok_or(MigrationError::Refused("migration_not_found"))?;
     Ok(migration_json(&r))
 }
 
@@ -340,7 +394,13 @@ async fn completion_check(
 }
 
 /// Deletes `migration:<e>` (freeing its units) and completes the migration.
-async fn settle(tx: &mut Tx, host: &HostKey, hv: &HostView, m: &OpenMigration, now: i64) -> Result<(), DbError> {
+async fn settle(
+    tx: &mut Tx,
+    host: &HostKey,
+    hv: &HostView,
+    m: &OpenMigration,
+    now: i64,
+) -> Result<(), DbError> {
     let id = format!("migration:{}", m.assignment_epoch);
     if let Some(l) = hv.leases.iter().find(|l| l.activity_id == id) {
         lock_cells(tx, std::slice::from_ref(&l.cell_id)).await?;
@@ -366,7 +426,11 @@ pub struct SweepCount {
     pub skipped: u64,
 }
 
-async fn open_migrations(db: &Db, extra: &str, p: &[super::Value]) -> Result<Vec<(HostKey, i64)>, DbError> {
+async fn open_migrations(
+    db: &Db,
+    extra: &str,
+    p: &[super::Value],
+) -> Result<Vec<(HostKey, i64)>, DbError> {
     let rows = db
         .query(
             &format!(
@@ -395,7 +459,8 @@ macro_rules! per_host {
     ($db:expr, $items:expr, |$tx:ident, $host:ident, $epoch:ident| $body:expr) => {{
         let mut count = SweepCount::default();
         for ($host, $epoch) in $items {
-            let r: Result<bool, MigrationError> = crate::transaction!($db, "migration", |$tx| { $body });
+            let r: Result<bool, MigrationError> =
+                crate::transaction!($db, "migration", |$tx| { $body });
             match r {
                 Ok(true) => count.done += 1,
                 Ok(false) => {}
@@ -481,7 +546,12 @@ pub async fn expire_unarrived(db: &Db, now: i64) -> Result<SweepCount, DbError> 
             _ => return Ok(false),
         };
         tx.set_lock_timeout(super::placement::CELL_WAIT_MS).await?;
-        let cells = cells::views(Reader::Tx(tx), Which::Pair(&m.source_cell_id, &m.target_cell_id), true).await?;
+        let cells = cells::views(
+            Reader::Tx(tx),
+            Which::Pair(&m.source_cell_id, &m.target_cell_id),
+            true,
+        )
+        .await?;
         let source = cells.iter().find(|c| c.cell_id == m.source_cell_id);
         let rollback = source.is_some_and(|s| {
             s.live(now)
@@ -495,8 +565,15 @@ pub async fn expire_unarrived(db: &Db, now: i64) -> Result<SweepCount, DbError> 
             settle(tx, &host, &hv, &m, now).await?;
             return Ok(true);
         }
-        for id in [format!("control-pending:{epoch}"), format!("migration:{epoch}")] {
-            if let Some(l) = hv.leases.iter().find(|l| l.activity_id == id && l.cell_id == m.target_cell_id) {
+        for id in [
+            format!("control-pending:{epoch}"),
+            format!("migration:{epoch}"),
+        ] {
+            if let Some(l) = hv
+                .leases
+                .iter()
+                .find(|l| l.activity_id == id && l.cell_id == m.target_cell_id)
+            {
                 delete_lease(tx, &host, l, now).await?;
             }
         }
@@ -525,7 +602,12 @@ pub async fn expire_unarrived(db: &Db, now: i64) -> Result<SweepCount, DbError> 
 
 /// `expire-aged-migrations`.
 pub async fn expire_aged(db: &Db, now: i64) -> Result<SweepCount, DbError> {
-    let items = open_migrations(db, " AND created_at <= $1", params![now - MIGRATION_MAX_AGE_MS]).await?;
+    let items = open_migrations(
+        db,
+        " AND created_at <= $1",
+        params![now - MIGRATION_MAX_AGE_MS],
+    )
+    .await?;
     per_host!(db, items, |tx, host, epoch| {
         let hv = match lock_host(tx, &host).await? {
             Some(h) => h,
@@ -538,7 +620,9 @@ pub async fn expire_aged(db: &Db, now: i64) -> Result<SweepCount, DbError> {
         let doomed: Vec<&Lease> = hv
             .leases
             .iter()
-            .filter(|l| l.cell_id == m.source_cell_id || l.activity_id == format!("migration:{epoch}"))
+            .filter(|l| {
+                l.cell_id == m.source_cell_id || l.activity_id == format!("migration:{epoch}")
+            })
             .collect();
         let ids: Vec<String> = doomed.iter().map(|l| l.cell_id.clone()).collect();
         lock_cells(tx, &ids).await?;

@@ -12,11 +12,11 @@
 //! decisions are pure functions in the role modules, fed with rows read here.
 
 pub mod assignments;
-pub mod cells;
-pub mod placement;
 mod backend;
+pub mod cells;
 pub mod migrate;
 pub mod migrations;
+pub mod placement;
 mod postgres;
 mod sqlite;
 pub mod testing;

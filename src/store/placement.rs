@@ -153,7 +153,17 @@ async fn assign_tx(
             tx.set_lock_timeout(opts.cell_wait_ms).await?;
             let cells = cells::views(Reader::Tx(tx), Which::General, true).await?;
             let region = placement_region(preferred, None, regions);
-            return apply(tx, host, None, &cells, decide(None, &cells, region, now), preferred, now, events).await;
+            return apply(
+                tx,
+                host,
+                None,
+                &cells,
+                decide(None, &cells, region, now),
+                preferred,
+                now,
+                events,
+            )
+            .await;
         }
         Some(r) => r,
     };
@@ -179,7 +189,8 @@ async fn assign_tx(
         leases,
         open_migration,
     };
-    let region = placement_region(preferred, hv.row.preferred_region.as_deref(), regions).to_string();
+    let region =
+        placement_region(preferred, hv.row.preferred_region.as_deref(), regions).to_string();
     // A.4–A.7 with a plain read of the home only.
     let home = cells::views(Reader::Tx(tx), Which::One(&hv.row.cell_id), false)
         .await?
@@ -237,8 +248,17 @@ async fn apply(
                 if let Some(old) = hv.leases.iter().find(|l| l.activity_id == id) {
                     delete_lease(tx, host, old, now).await?;
                 }
-                insert_lease(tx, host, &id, "control", &home.cell_id, 1, now + LEASE_TTL_MS, now)
-                    .await?;
+                insert_lease(
+                    tx,
+                    host,
+                    &id,
+                    "control",
+                    &home.cell_id,
+                    1,
+                    now + LEASE_TTL_MS,
+                    now,
+                )
+                .await?;
                 if home.capped() {
                     reserve_connection(tx, host, hv.row.assignment_epoch, &home.cell_id, now)
                         .await?;

@@ -165,7 +165,8 @@ impl Dir {
     }
 
     pub async fn post(&self, path: &str, bearer: Option<&str>, body: &Value) -> Resp {
-        self.post_raw(path, bearer, serde_json::to_vec(body).unwrap()).await
+        self.post_raw(path, bearer, serde_json::to_vec(body).unwrap())
+            .await
     }
 
     pub async fn post_raw(&self, path: &str, bearer: Option<&str>, body: Vec<u8>) -> Resp {
@@ -231,6 +232,7 @@ impl Dir {
     }
 
     /// A heartbeat body; `telemetry` = (total, inFlight, enforced) for capped cells.
+    #[allow(clippy::too_many_arguments)]
     pub fn hb_body(
         &self,
         id: &str,
@@ -264,12 +266,22 @@ impl Dir {
     pub async fn send_hb(&self, body: &Value) -> Resp {
         let id = body["cellId"].as_str().unwrap().to_string();
         let token = orca_relay::crypto::jwt::mint_cluster_token(CLUSTER.as_bytes(), &id, now());
-        self.post("/v1/admin/cell-heartbeat", Some(&token), body).await
+        self.post("/v1/admin/cell-heartbeat", Some(&token), body)
+            .await
     }
 
     /// `hb(X, ready, inc, startedAt)` with zero telemetry when `capped`; asserts 200.
-    pub async fn hb(&self, id: &str, region: &str, ready: bool, inc: &str, started_at: i64, capped: bool) {
-        self.hb_obs(id, region, ready, inc, started_at, capped, 0).await
+    pub async fn hb(
+        &self,
+        id: &str,
+        region: &str,
+        ready: bool,
+        inc: &str,
+        started_at: i64,
+        capped: bool,
+    ) {
+        self.hb_obs(id, region, ready, inc, started_at, capped, 0)
+            .await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -283,7 +295,15 @@ impl Dir {
         capped: bool,
         observed: i64,
     ) {
-        let b = self.hb_body(id, region, ready, inc, started_at, observed, capped.then_some((0, 0, 0)));
+        let b = self.hb_body(
+            id,
+            region,
+            ready,
+            inc,
+            started_at,
+            observed,
+            capped.then_some((0, 0, 0)),
+        );
         let r = self.send_hb(&b).await;
         assert_eq!(r.status, 200, "hb {id}: {:?}", r.body);
     }
@@ -309,7 +329,10 @@ impl Dir {
 
     pub async fn whereabouts(&self, h: &Host) -> Value {
         let r = self
-            .admin("host-whereabouts", json!({"v":1,"relayHostId":h.id,"userId":h.user}))
+            .admin(
+                "host-whereabouts",
+                json!({"v":1,"relayHostId":h.id,"userId":h.user}),
+            )
             .await;
         assert_eq!(r.status, 200);
         r.body["assignments"][0].clone()
@@ -405,7 +428,11 @@ pub async fn check_invariants(db: &orca_relay::store::Db) {
         )
         .await
         .unwrap();
-    assert!(bad.is_empty(), "invariant 1 broken on {:?}", bad.iter().map(|r| r.str(0)).collect::<Vec<_>>());
+    assert!(
+        bad.is_empty(),
+        "invariant 1 broken on {:?}",
+        bad.iter().map(|r| r.str(0)).collect::<Vec<_>>()
+    );
     for (col, kind) in [
         ("reserved_controls", "control"),
         ("reserved_splices", "splice"),
@@ -455,4 +482,3 @@ pub async fn check_invariants(db: &orca_relay::store::Db) {
         .unwrap();
     assert!(bad.is_empty(), "invariant 6 broken");
 }
-
