@@ -23,6 +23,13 @@ pub enum Which<'a> {
     One(&'a str),
     /// Two cells (source and target), locked together in one statement.
     Pair(&'a str, &'a str),
+    /// The `general` cells other than `exclude`, inside `region` (`inside`) or outside it: the
+    /// narrow isolated-replacement path (director.md §5.2 I).
+    Region {
+        region: &'a str,
+        exclude: &'a str,
+        inside: bool,
+    },
 }
 
 /// Either a plain read on the pool or a read inside a transaction.
@@ -98,6 +105,18 @@ pub async fn views(
             " WHERE cell_id IN ($1, $2)",
             vec![Value::from(a), Value::from(b)],
         ),
+        Which::Region {
+            region,
+            exclude,
+            inside,
+        } => (
+            if inside {
+                " WHERE admission_state = 'general' AND cell_id <> $1 AND region = $2"
+            } else {
+                " WHERE admission_state = 'general' AND cell_id <> $1 AND region <> $2"
+            },
+            vec![Value::from(exclude), Value::from(region)],
+        ),
     };
     if !lock {
         return joined_views(r, filter, &p).await;
@@ -117,6 +136,10 @@ pub async fn views(
         Which::One(_) => " WHERE cell_id = $1",
         Which::Pair(..) => " WHERE cell_id IN ($1, $2)",
         _ => "",
+    };
+    let p: Vec<Value> = match which {
+        Which::One(_) | Which::Pair(..) => p,
+        _ => vec![],
     };
     let runtimes = r
         .query(
@@ -164,6 +187,14 @@ pub async fn views(
             .map_or(0, |x| x.i64(1));
     }
     Ok(cells)
+}
+
+/// One cell, read inside a transaction without locking it.
+pub async fn view_in(tx: &mut Tx, cell_id: &str) -> Result<Option<CellView>, DbError> {
+    Ok(views(Reader::Tx(tx), Which::One(cell_id), false)
+        .await?
+        .into_iter()
+        .next())
 }
 
 /// One cell (plain read).
