@@ -352,3 +352,92 @@ async fn sweeps_release_expired_leases_and_evacuate_dead_uncapped_cells() {
         d.shutdown().await;
     }
 }
+
+#[tokio::test]
+async fn sweep_credential_cleanup() {
+    for t in backends().await {
+        let d = start(&t, &[]).await;
+        d.fast_lanes();
+        let (h, _) = placed(&d, false).await;
+        let key = HostKey {
+            user_id: h.user.clone(),
+            relay_host_id: h.id.clone(),
+        };
+        sa::acquire_activity(
+            &d.db,
+            &key,
+            "invite-offer:r1",
+            sa::ActivityKind::Invite,
+            "A",
+            None,
+            now(),
+        )
+        .await
+        .unwrap();
+        let n = now();
+        let ins = "INSERT INTO relay_invites (token_hash, user_id, relay_host_id, relay_device_id, state, attempt_count, \
+                   max_attempts, expires_at, reservation_id, reservation_expires_at, offer_req_id, created_at, updated_at) \
+                   VALUES ($1, $2, $3, 'dev', $4, 0, 5, $5, NULL, $6, $7, $8, $8)";
+        d.db.execute(
+            ins,
+            &[
+                "h1".into(),
+                h.user.clone().into(),
+                h.id.clone().into(),
+                "available".into(),
+                (n - 1).into(),
+                orca_relay::store::Value::Null,
+                "r1".into(),
+                n.into(),
+            ],
+        )
+        .await
+        .unwrap();
+        d.db.execute(
+            ins,
+            &[
+                "h2".into(),
+                h.user.clone().into(),
+                h.id.clone().into(),
+                "reserved".into(),
+                (n + 100_000).into(),
+                (n - 1).into(),
+                orca_relay::store::Value::Null,
+                n.into(),
+            ],
+        )
+        .await
+        .unwrap();
+        d.db.execute(
+            "INSERT INTO relay_rate_windows (scope, kind, window_start, count) VALUES ('account:u', 'invite-mint', 0, 1)",
+            &[],
+        )
+        .await
+        .unwrap();
+        sweeps::run_once(d.director()).await;
+        let st =
+            d.db.query(
+                "SELECT token_hash, state FROM relay_invites ORDER BY token_hash",
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (st[0].str(1), st[1].str(1)),
+            ("expired".to_string(), "cooldown".to_string())
+        );
+        let w = d.whereabouts(&h).await;
+        assert!(w["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["activityId"] != json!("invite-offer:r1")));
+        assert!(d
+            .db
+            .query("SELECT scope FROM relay_rate_windows", &[])
+            .await
+            .unwrap()
+            .is_empty());
+        d.shutdown().await;
+    }
+}

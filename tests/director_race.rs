@@ -101,7 +101,12 @@ async fn race_200_assigns_50_hosts_2_directors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn race_concurrent_isolated_moves_bump_epochs_once() {
     for t in backends().await {
-        let lanes = ["--public-assignment-concurrency", "4", "--public-sticky-concurrency", "4"];
+        let lanes = [
+            "--public-assignment-concurrency",
+            "4",
+            "--public-sticky-concurrency",
+            "4",
+        ];
         let d1 = start(&t, &lanes).await;
         let d2 = start(&t, &lanes).await;
         d1.fast_lanes();
@@ -111,15 +116,21 @@ async fn race_concurrent_isolated_moves_bump_epochs_once() {
         let mut hosts = Vec::new();
         for i in 0..20 {
             let h = d1.host(&format!("mover-{i}")).await;
-            assert_eq!(d1.assign(&h, json!({})).await.body["cellUrl"], json!(cell_url("A")));
+            assert_eq!(
+                d1.assign(&h, json!({})).await.body["cellUrl"],
+                json!(cell_url("A"))
+            );
             hosts.push(h);
         }
         for (id, region) in [("B", US), ("C", ASIA)] {
             d1.register(id, region, true).await;
             d1.hb(id, region, true, &uuid(), 100, true).await;
         }
-        d1.admin("cell-state", json!({"v":1,"cellId":"A","state":"migration-only","rollIsolated":true}))
-            .await;
+        d1.admin(
+            "cell-state",
+            json!({"v":1,"cellId":"A","state":"migration-only","rollIsolated":true}),
+        )
+        .await;
         let mut futs = Vec::new();
         for round in 0..5 {
             for (i, h) in hosts.iter().enumerate() {
@@ -132,7 +143,8 @@ async fn race_concurrent_isolated_moves_bump_epochs_once() {
         for (i, r) in &results {
             if r.status != 200 {
                 assert!(
-                    ["assignment_row_busy", "assignments_temporarily_unavailable"].contains(&r.error()),
+                    ["assignment_row_busy", "assignments_temporarily_unavailable"]
+                        .contains(&r.error()),
                     "{:?}",
                     r.body
                 );
