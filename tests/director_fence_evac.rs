@@ -441,3 +441,130 @@ async fn sweep_credential_cleanup() {
         d.shutdown().await;
     }
 }
+
+#[tokio::test]
+async fn operator_route_errors() {
+    for t in backends().await {
+        let d = start(&t, &[]).await;
+        d.fast_lanes();
+        let (h, _) = placed(&d, false).await;
+        for path in [
+            "cells",
+            "cell-state",
+            "cell-fence",
+            "cell-status",
+            "evacuate",
+            "evacuate-cell",
+            "migration-complete",
+            "host-whereabouts",
+        ] {
+            let r = d
+                .post(&format!("/v1/admin/{path}"), None, &json!({"v":1}))
+                .await;
+            assert_eq!((r.status, r.error()), (401, "invalid_token"), "{path}");
+            let r = d
+                .post(
+                    &format!("/v1/admin/{path}"),
+                    Some("wrong-token-0123456789abcdef0123456789"),
+                    &json!({"v":1}),
+                )
+                .await;
+            assert_eq!(r.status, 401, "{path}");
+            let r = d
+                .post_raw(&format!("/v1/admin/{path}"), Some(ADMIN), vec![b' '; 5000])
+                .await;
+            assert_eq!((r.status, r.error()), (413, "request_too_large"), "{path}");
+            let r = d.admin(path, json!({"v":1,"bogus":true})).await;
+            assert_eq!((r.status, r.error()), (400, "invalid_request"), "{path}");
+        }
+        let r = d.admin("cell-status", json!({"v":1,"cellId":"Z"})).await;
+        assert_eq!((r.status, r.error()), (404, "cell_not_found"));
+        let r = d.admin("cell-status", json!({"v":1})).await;
+        let ids: Vec<&str> = r.body["cells"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["cellId"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, vec!["A", "B", "C"]);
+        let r = d
+            .admin(
+                "host-whereabouts",
+                json!({"v":1,"relayHostId":"AAAAAAAAAAAAAAAA"}),
+            )
+            .await;
+        assert_eq!(r.body["assignments"], json!([]));
+        assert_eq!(r.body["hostDigest"].as_str().unwrap().len(), 12);
+        let w = d
+            .admin("host-whereabouts", json!({"v":1,"relayHostId":h.id}))
+            .await;
+        assert_eq!(w.body["assignments"][0]["home"]["live"], json!(true));
+        assert_eq!(w.body["assignments"][0]["counters"]["controls"], json!(1));
+        let r = d
+            .admin("evacuate-cell", json!({"v":1,"sourceCellId":"A","limit":0}))
+            .await;
+        assert_eq!(r.status, 400);
+        let r = d
+            .admin("evacuate-cell", json!({"v":1,"sourceCellId":"Z","limit":1}))
+            .await;
+        assert_eq!((r.status, r.error()), (404, "cell_not_found"));
+        let r = d
+            .admin(
+                "evacuate-cell",
+                json!({"v":1,"sourceCellId":"A","targetCellId":"Z","limit":1}),
+            )
+            .await;
+        assert_eq!((r.status, r.error()), (404, "cell_not_found"));
+        let r = d
+            .admin("cell-state", json!({"v":1,"cellId":"A","state":"migration-only","rollIsolated":true,"rollIsolatedAt":now() - 31 * 86_400_000i64}))
+            .await;
+        assert_eq!(r.status, 400);
+        let r = d
+            .admin(
+                "cell-state",
+                json!({"v":1,"cellId":"A","state":"migration-only","rollIsolatedAt":now()}),
+            )
+            .await;
+        assert_eq!(r.status, 400);
+        let r = d
+            .admin("cells", json!({"v":1,"cellId":"Q","cellUrl":"http://q.example.com","region":US,"capacityRequests":5}))
+            .await;
+        assert_eq!(r.status, 400, "http outside loopback");
+        let r = d
+            .admin("cells", json!({"v":1,"cellId":"Q","cellUrl":cell_url("Q"),"region":US,"capacityRequests":5,"connectionHardCap":600,"connectionUnobservedBound":500}))
+            .await;
+        assert_eq!(r.status, 400, "bound > cap - 101");
+        let r = d
+            .admin(
+                "migration-complete",
+                json!({"v":1,"userId":h.user,"relayHostId":h.id,"assignmentEpoch":1}),
+            )
+            .await;
+        assert_eq!((r.status, r.error()), (409, "migration_not_found"));
+        // Source not live.
+        d.hb(
+            "A",
+            US,
+            false,
+            &d.cell_status("A").await["runtime"]["cellIncarnation"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+            100,
+            false,
+        )
+        .await;
+        let r = d
+            .admin(
+                "evacuate",
+                json!({"v":1,"userId":h.user,"relayHostId":h.id,"targetCellId":"B"}),
+            )
+            .await;
+        assert_eq!((r.status, r.error()), (409, "source_cell_unavailable"));
+        let r = d
+            .admin("evacuate-cell", json!({"v":1,"sourceCellId":"A","limit":1}))
+            .await;
+        assert_eq!((r.status, r.error()), (409, "source_cell_unavailable"));
+        d.shutdown().await;
+    }
+}

@@ -632,3 +632,48 @@ pub async fn resolve(db: &Db, host: &HostKey, regions: &[String]) -> Result<Reso
         lease_expires_at: g.lease_expires_at,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::assignments::{AssignmentRow, Lease};
+
+    fn lease(id: &str, kind: &str, cell: &str) -> Lease {
+        Lease {
+            activity_id: id.into(),
+            kind: kind.into(),
+            cell_id: cell.into(),
+            request_units: 1,
+            expires_at: 0,
+            control_generation: None,
+            cell_incarnation: None,
+            idle_regional_rehome: false,
+            renewed_at: None,
+        }
+    }
+
+    #[test]
+    fn simple_hosts() {
+        let mut hv = HostView {
+            row: AssignmentRow {
+                cell_id: "A".into(),
+                assignment_epoch: 1,
+                lease_expires_at: 0,
+                last_activity_at: 0,
+                counters: [1, 1, 0, 0, 0, 0],
+                preferred_region: None,
+            },
+            leases: vec![
+                lease("control-pending:1", "control", "A"),
+                lease("splice:x", "splice", "A"),
+            ],
+            open_migration: None,
+        };
+        assert!(simple(&hv));
+        hv.row.counters[1] = 2;
+        assert!(!simple(&hv), "invariant 2 broken");
+        hv.row.counters[1] = 1;
+        hv.leases[1].cell_id = "B".into();
+        assert!(!simple(&hv), "a lease charged elsewhere");
+    }
+}
