@@ -542,18 +542,11 @@ async fn operator_route_errors() {
             .await;
         assert_eq!((r.status, r.error()), (409, "migration_not_found"));
         // Source not live.
-        d.hb(
-            "A",
-            US,
-            false,
-            &d.cell_status("A").await["runtime"]["cellIncarnation"]
-                .as_str()
-                .unwrap()
-                .to_string(),
-            100,
-            false,
-        )
-        .await;
+        let ia = d.cell_status("A").await["runtime"]["cellIncarnation"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        d.hb("A", US, false, &ia, 100, false).await;
         let r = d
             .admin(
                 "evacuate",
