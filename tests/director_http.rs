@@ -388,6 +388,27 @@ async fn d14_capacity() {
         let h2 = d.host("U2").await;
         let r = d.assign(&h2, json!({})).await;
         assert_eq!((r.status, r.error()), (503, "relay_capacity_exhausted"));
+        let m = &d.run.ctx.metrics;
+        assert_eq!(
+            m.assignments
+                .with_label_values(&["assign", "granted"])
+                .get(),
+            1
+        );
+        assert_eq!(
+            m.assignments
+                .with_label_values(&["assign", "relay_capacity_exhausted"])
+                .get(),
+            1
+        );
+        assert_eq!(
+            m.assignment_seconds
+                .with_label_values(&["assign"])
+                .get_sample_count(),
+            2
+        );
+        assert_eq!(m.heartbeats.with_label_values(&["ok"]).get(), 1);
+        assert_eq!(m.cell_live.with_label_values(&["A"]).get(), 1);
         d.shutdown().await;
     }
 }

@@ -146,7 +146,25 @@ impl Director {
         &self,
         beat: &crate::store::cells::Beat,
     ) -> Result<(), HeartbeatRefusal> {
-        match cells::heartbeat(&self.ctx.db, beat, crate::clock::now_ms()).await {
+        let r = cells::heartbeat(&self.ctx.db, beat, crate::clock::now_ms()).await;
+        let outcome = match &r {
+            Ok(()) => "ok",
+            Err(BeatError::Refused(code)) => code,
+            Err(BeatError::Db(_)) => "database_unavailable",
+        };
+        self.ctx
+            .metrics
+            .heartbeats
+            .with_label_values(&[outcome])
+            .inc();
+        if r.is_ok() {
+            self.ctx
+                .metrics
+                .cell_live
+                .with_label_values(&[&beat.cell_id])
+                .set(beat.ready as i64);
+        }
+        match r {
             Ok(()) => Ok(()),
             Err(BeatError::Refused(code)) => Err(HeartbeatRefusal::Refused(code)),
             Err(BeatError::Db(e)) => {

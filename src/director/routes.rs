@@ -36,11 +36,17 @@ const UNAVAILABLE: &str = "assignments_temporarily_unavailable";
 pub fn all(d: Arc<Director>) -> BoxedFilter<(Response,)> {
     let r = super::host_token::route(d.clone())
         .or(post(d.clone(), "/v1/assign", |d, hd, b| async move {
-            d.assign_route(hd, b).await
+            let t = Instant::now();
+            let r = d.clone().assign_route(hd, b).await;
+            d.observe("assign", t, &r);
+            r
         }))
         .unify()
         .or(post(d.clone(), "/v1/resolve", |d, _hd, b| async move {
-            d.resolve_route(b).await
+            let t = Instant::now();
+            let r = d.clone().resolve_route(b).await;
+            d.observe("resolve", t, &r);
+            r
         }))
         .unify()
         .or(post(
@@ -135,6 +141,23 @@ struct Ctx<'a> {
 }
 
 impl Director {
+    /// `orca_relay_assignment_seconds{route}` and `orca_relay_assignments_total{route,outcome}`:
+    /// the outcome is `granted` or the answer's error code (stored in an extension by [`coded`]).
+    fn observe(&self, route: &str, started: Instant, r: &Response) {
+        let m = &self.ctx.metrics;
+        m.assignment_seconds
+            .with_label_values(&[route])
+            .observe(started.elapsed().as_secs_f64());
+        let outcome = if r.status() == StatusCode::OK {
+            "granted"
+        } else {
+            r.extensions()
+                .get::<Outcome>()
+                .map_or("invalid_request", |o| o.0)
+        };
+        m.assignments.with_label_values(&[route, outcome]).inc();
+    }
+
     fn reject(&self, c: Ctx<'_>, reason: &str, host: &HostKey, home: Option<(&str, &str)>) {
         let digest = crate::logging::digest(&host.relay_host_id);
         self.rejects.reject(&Rejection {
@@ -150,7 +173,10 @@ impl Director {
 
     fn lane_rejected(&self, c: Ctx<'_>, r: LaneReject, host: &HostKey) -> Response {
         self.reject(c, r.reason(), host, None);
-        h::error_retry(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, c.retry_after)
+        coded(
+            h::error_retry(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, c.retry_after),
+            UNAVAILABLE,
+        )
     }
 
     /// Maps an `assign` failure to its answer and rejection line.
@@ -163,20 +189,32 @@ impl Director {
                     }
                     _ => self.reject(c, r.code(), host, None),
                 }
-                h::error(StatusCode::SERVICE_UNAVAILABLE, r.code())
+                coded(
+                    h::error(StatusCode::SERVICE_UNAVAILABLE, r.code()),
+                    r.code(),
+                )
             }
             AssignError::RowBusy => {
                 self.reject(c, "assignment_row_busy", host, None);
-                h::error_retry(StatusCode::SERVICE_UNAVAILABLE, "assignment_row_busy", 1)
+                coded(
+                    h::error_retry(StatusCode::SERVICE_UNAVAILABLE, "assignment_row_busy", 1),
+                    "assignment_row_busy",
+                )
             }
             AssignError::Db(e) => {
                 log::warn!("[orca-relay] assignment failed: {e}");
                 self.reject(c, "database_unavailable", host, None);
-                h::error_retry(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, c.retry_after)
+                coded(
+                    h::error_retry(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, c.retry_after),
+                    UNAVAILABLE,
+                )
             }
             AssignError::Restart => {
                 self.reject(c, "database_unavailable", host, None);
-                h::error_retry(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, c.retry_after)
+                coded(
+                    h::error_retry(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, c.retry_after),
+                    UNAVAILABLE,
+                )
             }
         }
     }
@@ -671,4 +709,14 @@ impl Director {
         *cache = Some((Instant::now(), body.clone()));
         h::json(StatusCode::OK, &body)
     }
+}
+
+/// The error code of an assign/resolve answer, for the metrics label.
+#[derive(Clone, Copy)]
+struct Outcome(&'static str);
+
+/// Tags an error response with its code.
+fn coded(mut r: Response, code: &'static str) -> Response {
+    r.extensions_mut().insert(Outcome(code));
+    r
 }

@@ -50,6 +50,22 @@ fn report(step: &str, r: Result<SweepCount, DbError>) {
 pub async fn run_once(d: &Director) {
     let db = &d.ctx.db;
     let now = crate::clock::now_ms();
+    // `orca_relay_cell_live` follows silence too, not only heartbeats.
+    if let Ok(cells) = crate::store::cells::views(
+        crate::store::cells::Reader::Db(db),
+        crate::store::cells::Which::All,
+        false,
+    )
+    .await
+    {
+        for c in cells {
+            d.ctx
+                .metrics
+                .cell_live
+                .with_label_values(&[&c.cell_id])
+                .set(c.live(now) as i64);
+        }
+    }
     report("refresh-migrations", m::refresh_migrations(db, now).await);
     report(
         "complete-ready-migrations",
