@@ -561,3 +561,34 @@ async fn operator_route_errors() {
         d.shutdown().await;
     }
 }
+
+#[tokio::test]
+async fn overview() {
+    for t in backends().await {
+        let d = start(&t, &[]).await;
+        d.fast_lanes();
+        let (h, _) = placed(&d, true).await;
+        let r = d
+            .http
+            .get(format!("{}/v1/admin/overview", d.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401);
+        let r = d
+            .http
+            .get(format!("{}/v1/admin/overview", d.base))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["cells"].as_array().unwrap().len(), 3);
+        assert_eq!(v["cells"][0]["totalConnections"], json!(0));
+        assert_eq!(v["assignments"], json!({"total":1,"active":1,"dormant":0}));
+        assert_eq!(v["migrations"], json!({"open":0}));
+        assert!(!v.to_string().contains(&h.id));
+        d.shutdown().await;
+    }
+}
