@@ -352,3 +352,243 @@ async fn sweeps_release_expired_leases_and_evacuate_dead_uncapped_cells() {
         d.shutdown().await;
     }
 }
+
+#[tokio::test]
+async fn sweep_credential_cleanup() {
+    for t in backends().await {
+        let d = start(&t, &[]).await;
+        d.fast_lanes();
+        let (h, _) = placed(&d, false).await;
+        let key = HostKey {
+            user_id: h.user.clone(),
+            relay_host_id: h.id.clone(),
+        };
+        sa::acquire_activity(
+            &d.db,
+            &key,
+            "invite-offer:r1",
+            sa::ActivityKind::Invite,
+            "A",
+            None,
+            now(),
+        )
+        .await
+        .unwrap();
+        let n = now();
+        let ins = "INSERT INTO relay_invites (token_hash, user_id, relay_host_id, relay_device_id, state, attempt_count, \
+                   max_attempts, expires_at, reservation_id, reservation_expires_at, offer_req_id, created_at, updated_at) \
+                   VALUES ($1, $2, $3, 'dev', $4, 0, 5, $5, NULL, $6, $7, $8, $8)";
+        d.db.execute(
+            ins,
+            &[
+                "h1".into(),
+                h.user.clone().into(),
+                h.id.clone().into(),
+                "available".into(),
+                (n - 1).into(),
+                orca_relay::store::Value::Null,
+                "r1".into(),
+                n.into(),
+            ],
+        )
+        .await
+        .unwrap();
+        d.db.execute(
+            ins,
+            &[
+                "h2".into(),
+                h.user.clone().into(),
+                h.id.clone().into(),
+                "reserved".into(),
+                (n + 100_000).into(),
+                (n - 1).into(),
+                orca_relay::store::Value::Null,
+                n.into(),
+            ],
+        )
+        .await
+        .unwrap();
+        d.db.execute(
+            "INSERT INTO relay_rate_windows (scope, kind, window_start, count) VALUES ('account:u', 'invite-mint', 0, 1)",
+            &[],
+        )
+        .await
+        .unwrap();
+        sweeps::run_once(d.director()).await;
+        let st =
+            d.db.query(
+                "SELECT token_hash, state FROM relay_invites ORDER BY token_hash",
+                &[],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (st[0].str(1), st[1].str(1)),
+            ("expired".to_string(), "cooldown".to_string())
+        );
+        let w = d.whereabouts(&h).await;
+        assert!(w["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["activityId"] != json!("invite-offer:r1")));
+        assert!(d
+            .db
+            .query("SELECT scope FROM relay_rate_windows", &[])
+            .await
+            .unwrap()
+            .is_empty());
+        d.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn operator_route_errors() {
+    for t in backends().await {
+        let d = start(&t, &[]).await;
+        d.fast_lanes();
+        let (h, _) = placed(&d, false).await;
+        for path in [
+            "cells",
+            "cell-state",
+            "cell-fence",
+            "cell-status",
+            "evacuate",
+            "evacuate-cell",
+            "migration-complete",
+            "host-whereabouts",
+        ] {
+            let r = d
+                .post(&format!("/v1/admin/{path}"), None, &json!({"v":1}))
+                .await;
+            assert_eq!((r.status, r.error()), (401, "invalid_token"), "{path}");
+            let r = d
+                .post(
+                    &format!("/v1/admin/{path}"),
+                    Some("wrong-token-0123456789abcdef0123456789"),
+                    &json!({"v":1}),
+                )
+                .await;
+            assert_eq!(r.status, 401, "{path}");
+            let r = d
+                .post_raw(&format!("/v1/admin/{path}"), Some(ADMIN), vec![b' '; 5000])
+                .await;
+            assert_eq!((r.status, r.error()), (413, "request_too_large"), "{path}");
+            let r = d.admin(path, json!({"v":1,"bogus":true})).await;
+            assert_eq!((r.status, r.error()), (400, "invalid_request"), "{path}");
+        }
+        let r = d.admin("cell-status", json!({"v":1,"cellId":"Z"})).await;
+        assert_eq!((r.status, r.error()), (404, "cell_not_found"));
+        let r = d.admin("cell-status", json!({"v":1})).await;
+        let ids: Vec<&str> = r.body["cells"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["cellId"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, vec!["A", "B", "C"]);
+        let r = d
+            .admin(
+                "host-whereabouts",
+                json!({"v":1,"relayHostId":"AAAAAAAAAAAAAAAA"}),
+            )
+            .await;
+        assert_eq!(r.body["assignments"], json!([]));
+        assert_eq!(r.body["hostDigest"].as_str().unwrap().len(), 12);
+        let w = d
+            .admin("host-whereabouts", json!({"v":1,"relayHostId":h.id}))
+            .await;
+        assert_eq!(w.body["assignments"][0]["home"]["live"], json!(true));
+        assert_eq!(w.body["assignments"][0]["counters"]["controls"], json!(1));
+        let r = d
+            .admin("evacuate-cell", json!({"v":1,"sourceCellId":"A","limit":0}))
+            .await;
+        assert_eq!(r.status, 400);
+        let r = d
+            .admin("evacuate-cell", json!({"v":1,"sourceCellId":"Z","limit":1}))
+            .await;
+        assert_eq!((r.status, r.error()), (404, "cell_not_found"));
+        let r = d
+            .admin(
+                "evacuate-cell",
+                json!({"v":1,"sourceCellId":"A","targetCellId":"Z","limit":1}),
+            )
+            .await;
+        assert_eq!((r.status, r.error()), (404, "cell_not_found"));
+        let r = d
+            .admin("cell-state", json!({"v":1,"cellId":"A","state":"migration-only","rollIsolated":true,"rollIsolatedAt":now() - 31 * 86_400_000i64}))
+            .await;
+        assert_eq!(r.status, 400);
+        let r = d
+            .admin(
+                "cell-state",
+                json!({"v":1,"cellId":"A","state":"migration-only","rollIsolatedAt":now()}),
+            )
+            .await;
+        assert_eq!(r.status, 400);
+        let r = d
+            .admin("cells", json!({"v":1,"cellId":"Q","cellUrl":"http://q.example.com","region":US,"capacityRequests":5}))
+            .await;
+        assert_eq!(r.status, 400, "http outside loopback");
+        let r = d
+            .admin("cells", json!({"v":1,"cellId":"Q","cellUrl":cell_url("Q"),"region":US,"capacityRequests":5,"connectionHardCap":600,"connectionUnobservedBound":500}))
+            .await;
+        assert_eq!(r.status, 400, "bound > cap - 101");
+        let r = d
+            .admin(
+                "migration-complete",
+                json!({"v":1,"userId":h.user,"relayHostId":h.id,"assignmentEpoch":1}),
+            )
+            .await;
+        assert_eq!((r.status, r.error()), (409, "migration_not_found"));
+        // Source not live.
+        let ia = d.cell_status("A").await["runtime"]["cellIncarnation"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        d.hb("A", US, false, &ia, 100, false).await;
+        let r = d
+            .admin(
+                "evacuate",
+                json!({"v":1,"userId":h.user,"relayHostId":h.id,"targetCellId":"B"}),
+            )
+            .await;
+        assert_eq!((r.status, r.error()), (409, "source_cell_unavailable"));
+        let r = d
+            .admin("evacuate-cell", json!({"v":1,"sourceCellId":"A","limit":1}))
+            .await;
+        assert_eq!((r.status, r.error()), (409, "source_cell_unavailable"));
+        d.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn overview() {
+    for t in backends().await {
+        let d = start(&t, &[]).await;
+        d.fast_lanes();
+        let (h, _) = placed(&d, true).await;
+        let r = d
+            .http
+            .get(format!("{}/v1/admin/overview", d.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401);
+        let r = d
+            .http
+            .get(format!("{}/v1/admin/overview", d.base))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["cells"].as_array().unwrap().len(), 3);
+        assert_eq!(v["cells"][0]["totalConnections"], json!(0));
+        assert_eq!(v["assignments"], json!({"total":1,"active":1,"dormant":0}));
+        assert_eq!(v["migrations"], json!({"open":0}));
+        assert!(!v.to_string().contains(&h.id));
+        d.shutdown().await;
+    }
+}

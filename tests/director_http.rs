@@ -388,6 +388,27 @@ async fn d14_capacity() {
         let h2 = d.host("U2").await;
         let r = d.assign(&h2, json!({})).await;
         assert_eq!((r.status, r.error()), (503, "relay_capacity_exhausted"));
+        let m = &d.run.ctx.metrics;
+        assert_eq!(
+            m.assignments
+                .with_label_values(&["assign", "granted"])
+                .get(),
+            1
+        );
+        assert_eq!(
+            m.assignments
+                .with_label_values(&["assign", "relay_capacity_exhausted"])
+                .get(),
+            1
+        );
+        assert_eq!(
+            m.assignment_seconds
+                .with_label_values(&["assign"])
+                .get_sample_count(),
+            2
+        );
+        assert_eq!(m.heartbeats.with_label_values(&["ok"]).get(), 1);
+        assert_eq!(m.cell_live.with_label_values(&["A"]).get(), 1);
         d.shutdown().await;
     }
 }
@@ -928,6 +949,70 @@ async fn d31_resolve_on_live_isolated_home() {
         let r = d.resolve(&h, &rt).await;
         assert_eq!(r.body["cellUrl"], json!(cell_url("A")));
         assert_eq!(r.body["assignmentEpoch"], json!(1));
+        d.shutdown().await;
+    }
+}
+
+/// Transient database failures (director.md §2, §3.1): every route answers its retryable 503.
+/// Closing the pool makes every later acquire fail, on Postgres (SQLite has no pool to close).
+#[tokio::test]
+async fn transient_failures_answer_retryable_503() {
+    for t in backends().await {
+        if t.kind() != orca_relay::store::DbKind::Postgres {
+            continue;
+        }
+        let d = start(&t, &[]).await;
+        d.fast_lanes();
+        live_fleet(&d, false).await;
+        let h = d.host("U").await;
+        assert_eq!(d.assign(&h, json!({})).await.status, 200);
+        let rt = d.resume_token(&h).await;
+        d.db.close();
+        let r = d.assign(&h, json!({"reconnect":true})).await;
+        assert_eq!(
+            (r.status, r.error()),
+            (503, "assignments_temporarily_unavailable")
+        );
+        assert_eq!(r.retry_after.as_deref(), Some("1"));
+        assert!(!lines_with(&[
+            "route=assign-verify lane=none hinted=true reason=database_unavailable",
+            &h.digest()
+        ])
+        .is_empty());
+        let h2 = d.host("U2").await;
+        let r = d.assign(&h2, json!({})).await;
+        assert_eq!(
+            (r.status, r.error(), r.retry_after.as_deref()),
+            (503, "assignments_temporarily_unavailable", Some("1"))
+        );
+        assert!(!lines_with(&[
+            "route=assign lane=placement hinted=false reason=database_unavailable",
+            &h2.digest()
+        ])
+        .is_empty());
+        let r = d.resolve(&h, &rt).await;
+        assert_eq!(
+            (r.status, r.error()),
+            (503, "assignments_temporarily_unavailable")
+        );
+        let r = d
+            .send_hb(&d.hb_body("A", US, true, &uuid(), 100, 0, None))
+            .await;
+        assert_eq!(
+            (r.status, r.error(), r.retry_after.as_deref()),
+            (503, "database_temporarily_unavailable", Some("5"))
+        );
+        let r = d.admin("cell-status", json!({"v":1})).await;
+        assert_eq!(
+            (r.status, r.error()),
+            (503, "database_temporarily_unavailable")
+        );
+        d.director().expire_regions_cache().await;
+        let r = d.get("/v1/regions").await;
+        assert_eq!(
+            (r.status, r.error(), r.retry_after.as_deref()),
+            (503, "region_catalog_temporarily_unavailable", Some("5"))
+        );
         d.shutdown().await;
     }
 }

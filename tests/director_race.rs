@@ -94,3 +94,77 @@ async fn race_200_assigns_50_hosts_2_directors() {
         d1.shutdown().await;
     }
 }
+
+/// Concurrent moves: 20 hosts on A, A roll-isolated, then 100 concurrent hinted assigns over two
+/// directors. Every host moves exactly once (epoch 1 → 2, never further, never back), every grant
+/// for a host names the same cell at the same epoch, and the invariants hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn race_concurrent_isolated_moves_bump_epochs_once() {
+    for t in backends().await {
+        let lanes = [
+            "--public-assignment-concurrency",
+            "4",
+            "--public-sticky-concurrency",
+            "4",
+        ];
+        let d1 = start(&t, &lanes).await;
+        let d2 = start(&t, &lanes).await;
+        d1.fast_lanes();
+        d2.fast_lanes();
+        d1.register("A", US, true).await;
+        d1.hb("A", US, true, &uuid(), 100, true).await;
+        let mut hosts = Vec::new();
+        for i in 0..20 {
+            let h = d1.host(&format!("mover-{i}")).await;
+            assert_eq!(
+                d1.assign(&h, json!({})).await.body["cellUrl"],
+                json!(cell_url("A"))
+            );
+            hosts.push(h);
+        }
+        for (id, region) in [("B", US), ("C", ASIA)] {
+            d1.register(id, region, true).await;
+            d1.hb(id, region, true, &uuid(), 100, true).await;
+        }
+        d1.admin(
+            "cell-state",
+            json!({"v":1,"cellId":"A","state":"migration-only","rollIsolated":true}),
+        )
+        .await;
+        let mut futs = Vec::new();
+        for round in 0..5 {
+            for (i, h) in hosts.iter().enumerate() {
+                let d = if (i + round) % 2 == 0 { &d1 } else { &d2 };
+                futs.push(async move { (i, d.assign(h, json!({"reconnect": true})).await) });
+            }
+        }
+        let results = futures_util::future::join_all(futs).await;
+        let mut seen: HashMap<usize, (String, i64)> = HashMap::new();
+        for (i, r) in &results {
+            if r.status != 200 {
+                assert!(
+                    ["assignment_row_busy", "assignments_temporarily_unavailable"]
+                        .contains(&r.error()),
+                    "{:?}",
+                    r.body
+                );
+                continue;
+            }
+            let g = (
+                r.body["cellUrl"].as_str().unwrap().to_string(),
+                r.body["assignmentEpoch"].as_i64().unwrap(),
+            );
+            assert_eq!(g.1, 2, "exactly one move");
+            assert_ne!(g.0, cell_url("A"));
+            let prev = seen.entry(*i).or_insert_with(|| g.clone());
+            assert_eq!(*prev, g, "host {i} got two different grants");
+        }
+        for h in &hosts {
+            let w = d1.whereabouts(h).await;
+            assert!(w["assignmentEpoch"].as_i64().unwrap() <= 2);
+        }
+        check_invariants(&d1.db).await;
+        d2.shutdown().await;
+        d1.shutdown().await;
+    }
+}

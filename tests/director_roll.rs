@@ -408,3 +408,36 @@ async fn d52_old_process_cannot_come_back() {
         r.d.shutdown().await;
     }
 }
+
+/// §6.6 row 14 for D-38/D-39's window: an uncapped new process that went unheard is not
+/// roll-replaced (condition 3, freshness), so the host leaves by the dead-cell path with its leases
+/// deleted, not by an isolated move that keeps them.
+async fn uncapped_new_process_unheard(route: Route) {
+    for t in backends().await {
+        let r = fixture(&t, false).await;
+        let s = isolate(&r.d, "A").await;
+        new_process(&r.d, s, false).await;
+        r.d.age_runtime("A", 46_000).await;
+        granted(&ask(&r, route).await, "B", 2);
+        let w = r.d.whereabouts(&r.h).await;
+        assert!(
+            w["leases"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|l| l["cellId"] != json!("A")),
+            "forced move deletes the A leases: {w}"
+        );
+        r.d.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn d38_uncapped_unheard_new_process_takes_dead_cell_path() {
+    uncapped_new_process_unheard(Route::Assign).await
+}
+
+#[tokio::test]
+async fn d39_uncapped_unheard_new_process_takes_dead_cell_path_resolve() {
+    uncapped_new_process_unheard(Route::Resolve).await
+}

@@ -1,6 +1,10 @@
 //! Operator routes (director.md §3.8): admin token, strict bodies, and the Cell / Fence /
 //! HostView / Migration objects.
 
+// Handlers return the finished reply as their error value (`Result<_, Response>`), like
+// `http::parse`; boxing it would only add noise.
+#![allow(clippy::result_large_err)]
+
 use std::sync::Arc;
 
 use http::{HeaderMap, StatusCode};
@@ -48,6 +52,8 @@ pub fn routes(d: Arc<Director>) -> BoxedFilter<(Response,)> {
             "/v1/admin/migration-complete",
             migration_complete_route
         ))
+        .unify()
+        .or(overview_route(d.clone()))
         .unify()
         .boxed()
 }
@@ -621,5 +627,95 @@ impl Director {
             Ok(m) => h::json(StatusCode::OK, &json!({"v":1,"migration":m})),
             Err(e) => migration_error(e),
         }
+    }
+}
+
+/// `GET /v1/admin/overview` (operations.md §3) without the `push` section, which the push role
+/// adds when it runs here.
+fn overview_route(d: Arc<Director>) -> BoxedFilter<(Response,)> {
+    warp::path!("v1" / "admin" / "overview")
+        .and(warp::get())
+        .and(warp::header::headers_cloned())
+        .then(move |hd: HeaderMap| {
+            let d = d.clone();
+            async move {
+                if !h::is_admin(&hd, d.ctx.config.secrets.admin_token.as_deref()) {
+                    return h::invalid_token();
+                }
+                match d.overview().await {
+                    Ok(v) => h::json(StatusCode::OK, &v),
+                    Err(_) => db_unavailable(),
+                }
+            }
+        })
+        .boxed()
+}
+
+impl Director {
+    /// The overview object (operations.md §3).
+    pub async fn overview(&self) -> Result<Json, DbError> {
+        let db = &self.ctx.db;
+        let now = clock::now_ms();
+        let cells = cells::views(Reader::Db(db), Which::All, false).await?;
+        let cells: Vec<Json> = cells
+            .iter()
+            .map(|c| {
+                let rt = c.runtime.as_ref();
+                json!({
+                    "cellId": c.cell_id, "cellUrl": c.cell_url, "region": c.region,
+                    "admissionState": c.admission.as_str(), "rollIsolatedAt": c.roll_isolated_at,
+                    "live": c.live(now), "cause": c.cause(now).map(|x| x.as_str()),
+                    "cellIncarnation": rt.map(|r| r.cell_incarnation.clone()),
+                    "startedAt": rt.map(|r| r.started_at),
+                    "lastHeartbeatAt": rt.map(|r| r.last_heartbeat_at),
+                    "reservedRequests": c.reserved_requests, "capacityRequests": c.capacity_requests,
+                    "observedRequests": rt.map(|r| r.observed_requests),
+                    "totalConnections": rt.and_then(|r| r.telemetry.as_ref()).map(|t| t.total_connections),
+                })
+            })
+            .collect();
+        let counts = db
+            .query(
+                "SELECT COUNT(*), COALESCE(CAST(SUM(CASE WHEN reserved_controls + reserved_splices + reserved_invites \
+                 + pending_installs + pending_confirmations + migration_leases = 0 AND last_activity_at + 86400000 <= $1 \
+                 THEN 1 ELSE 0 END) AS BIGINT), 0) FROM relay_assignments",
+                params![now],
+            )
+            .await?;
+        let (total, dormant) = counts.first().map_or((0, 0), |r| (r.i64(0), r.i64(1)));
+        let open = db
+            .query(
+                "SELECT COUNT(*) FROM relay_assignment_migrations WHERE completed_at IS NULL AND aborted_at IS NULL",
+                &[],
+            )
+            .await?
+            .first()
+            .map_or(0, |r| r.i64(0));
+        let since = now - 86_400_000;
+        let attempts = db
+            .query(
+                "SELECT COALESCE(CAST(SUM(CASE WHEN aborted_at IS NULL THEN 1 ELSE 0 END) AS BIGINT), 0), \
+                 COALESCE(CAST(SUM(CASE WHEN aborted_at IS NOT NULL THEN 1 ELSE 0 END) AS BIGINT), 0) \
+                 FROM relay_region_rehome_attempts WHERE created_at >= $1",
+                params![since],
+            )
+            .await?;
+        let (committed, aborted) = attempts.first().map_or((0, 0), |r| (r.i64(0), r.i64(1)));
+        let enabled = db
+            .query(
+                "SELECT enabled FROM relay_region_rehome_control WHERE control_id = 'global'",
+                &[],
+            )
+            .await?
+            .first()
+            .is_some_and(|r| r.bool(0));
+        Ok(json!({
+            "v": 1,
+            "at": now,
+            "cells": cells,
+            "assignments": {"total": total, "active": total - dormant, "dormant": dormant},
+            "migrations": {"open": open},
+            "regionalRehome": {"enabled": enabled, "committed": committed, "deferred": 0, "aborted": aborted},
+        }))
     }
 }

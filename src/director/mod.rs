@@ -73,8 +73,8 @@ impl Director {
         let director = Arc::new(Director {
             host_token_key: key,
             verifier: HostTokenVerifier::new(key, jwks),
-            placement_lane: Lane::new("placement", cfg.placement_lane.clone(), true),
-            sticky_lane: Lane::new("sticky", cfg.sticky_lane.clone(), true),
+            placement_lane: Lane::new("placement", cfg.placement_lane, true),
+            sticky_lane: Lane::new("sticky", cfg.sticky_lane, true),
             resolve_lane: Lane::new("resolve", resolve_cfg, false),
             rejects: RejectLog::new(),
             regions_cache: tokio::sync::Mutex::new(None),
@@ -146,7 +146,25 @@ impl Director {
         &self,
         beat: &crate::store::cells::Beat,
     ) -> Result<(), HeartbeatRefusal> {
-        match cells::heartbeat(&self.ctx.db, beat, crate::clock::now_ms()).await {
+        let r = cells::heartbeat(&self.ctx.db, beat, crate::clock::now_ms()).await;
+        let outcome = match &r {
+            Ok(()) => "ok",
+            Err(BeatError::Refused(code)) => code,
+            Err(BeatError::Db(_)) => "database_unavailable",
+        };
+        self.ctx
+            .metrics
+            .heartbeats
+            .with_label_values(&[outcome])
+            .inc();
+        if r.is_ok() {
+            self.ctx
+                .metrics
+                .cell_live
+                .with_label_values(&[&beat.cell_id])
+                .set(beat.ready as i64);
+        }
+        match r {
             Ok(()) => Ok(()),
             Err(BeatError::Refused(code)) => Err(HeartbeatRefusal::Refused(code)),
             Err(BeatError::Db(e)) => {

@@ -104,3 +104,39 @@ impl RejectLog {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_format() {
+        let r = Rejection {
+            route: "assign",
+            lane: "placement",
+            hinted: true,
+            reason: "relay_home_cell_unavailable",
+            host_digest: "0123456789ab",
+            cause: Some("not_ready"),
+            cell: Some("A"),
+        };
+        assert_eq!(
+            r.line(),
+            "[orca-relay] assignment rejected route=assign lane=placement hinted=true \
+             reason=relay_home_cell_unavailable host=0123456789ab cause=not_ready cell=A"
+        );
+        let r = Rejection {
+            route: "resolve",
+            lane: "none",
+            hinted: false,
+            reason: "queue-full",
+            host_digest: "0123456789ab",
+            cause: None,
+            cell: None,
+        };
+        assert_eq!(
+            r.line(),
+            "[orca-relay] assignment rejected route=resolve lane=none hinted=false reason=queue-full host=0123456789ab"
+        );
+    }
+}

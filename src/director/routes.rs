@@ -2,6 +2,10 @@
 //! then the store operations. Every refusal is a concrete response with the spec's status, code
 //! and headers.
 
+// Handlers return the finished reply as their error value (`Result<_, Response>`), like
+// `http::parse`; boxing it would only add noise.
+#![allow(clippy::result_large_err)]
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,11 +36,17 @@ const UNAVAILABLE: &str = "assignments_temporarily_unavailable";
 pub fn all(d: Arc<Director>) -> BoxedFilter<(Response,)> {
     let r = super::host_token::route(d.clone())
         .or(post(d.clone(), "/v1/assign", |d, hd, b| async move {
-            d.assign_route(hd, b).await
+            let t = Instant::now();
+            let r = d.clone().assign_route(hd, b).await;
+            d.observe("assign", t, &r);
+            r
         }))
         .unify()
         .or(post(d.clone(), "/v1/resolve", |d, _hd, b| async move {
-            d.resolve_route(b).await
+            let t = Instant::now();
+            let r = d.clone().resolve_route(b).await;
+            d.observe("resolve", t, &r);
+            r
         }))
         .unify()
         .or(post(
@@ -131,6 +141,23 @@ struct Ctx<'a> {
 }
 
 impl Director {
+    /// `orca_relay_assignment_seconds{route}` and `orca_relay_assignments_total{route,outcome}`:
+    /// the outcome is `granted` or the answer's error code (stored in an extension by [`coded`]).
+    fn observe(&self, route: &str, started: Instant, r: &Response) {
+        let m = &self.ctx.metrics;
+        m.assignment_seconds
+            .with_label_values(&[route])
+            .observe(started.elapsed().as_secs_f64());
+        let outcome = if r.status() == StatusCode::OK {
+            "granted"
+        } else {
+            r.extensions()
+                .get::<Outcome>()
+                .map_or("invalid_request", |o| o.0)
+        };
+        m.assignments.with_label_values(&[route, outcome]).inc();
+    }
+
     fn reject(&self, c: Ctx<'_>, reason: &str, host: &HostKey, home: Option<(&str, &str)>) {
         let digest = crate::logging::digest(&host.relay_host_id);
         self.rejects.reject(&Rejection {
@@ -146,7 +173,10 @@ impl Director {
 
     fn lane_rejected(&self, c: Ctx<'_>, r: LaneReject, host: &HostKey) -> Response {
         self.reject(c, r.reason(), host, None);
-        h::error_retry(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, c.retry_after)
+        coded(
+            h::error_retry(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, c.retry_after),
+            UNAVAILABLE,
+        )
     }
 
     /// Maps an `assign` failure to its answer and rejection line.
@@ -159,20 +189,32 @@ impl Director {
                     }
                     _ => self.reject(c, r.code(), host, None),
                 }
-                h::error(StatusCode::SERVICE_UNAVAILABLE, r.code())
+                coded(
+                    h::error(StatusCode::SERVICE_UNAVAILABLE, r.code()),
+                    r.code(),
+                )
             }
             AssignError::RowBusy => {
                 self.reject(c, "assignment_row_busy", host, None);
-                h::error_retry(StatusCode::SERVICE_UNAVAILABLE, "assignment_row_busy", 1)
+                coded(
+                    h::error_retry(StatusCode::SERVICE_UNAVAILABLE, "assignment_row_busy", 1),
+                    "assignment_row_busy",
+                )
             }
             AssignError::Db(e) => {
                 log::warn!("[orca-relay] assignment failed: {e}");
                 self.reject(c, "database_unavailable", host, None);
-                h::error_retry(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, c.retry_after)
+                coded(
+                    h::error_retry(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, c.retry_after),
+                    UNAVAILABLE,
+                )
             }
             AssignError::Restart => {
                 self.reject(c, "database_unavailable", host, None);
-                h::error_retry(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, c.retry_after)
+                coded(
+                    h::error_retry(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, c.retry_after),
+                    UNAVAILABLE,
+                )
             }
         }
     }
@@ -205,13 +247,15 @@ impl Director {
         {
             return h::bad_request();
         }
-        let report = match &req.region_correction {
-            None => false,
+        let action = match &req.region_correction {
+            None => None,
             Some(rc) => match region_correction_action(rc, regions) {
-                Some(a) => a == "report",
+                Some(a) => Some(a),
                 None => return h::bad_request(),
             },
         };
+        let report = action == Some("report");
+        let window = action == Some("issue-window");
         if req.relay_host_id != claims.relay_host_id {
             return h::error(StatusCode::FORBIDDEN, "host_identity_mismatch");
         }
@@ -248,7 +292,7 @@ impl Director {
                     }
                     Ok(true) => {
                         return self
-                            .run_assign(permit, c, host, req.preferred_region, false, now)
+                            .run_assign(permit, c, host, req.preferred_region, (false, window), now)
                             .await
                     }
                     Ok(false) => drop(permit),
@@ -264,7 +308,7 @@ impl Director {
         match self.placement_lane.enter(&host).await {
             Err(r) => self.lane_rejected(c, r, &host),
             Ok(permit) => {
-                self.run_assign(permit, c, host, req.preferred_region, report, now)
+                self.run_assign(permit, c, host, req.preferred_region, (report, window), now)
                     .await
             }
         }
@@ -300,7 +344,7 @@ impl Director {
         c: Ctx<'static>,
         host: HostKey,
         preferred: Option<String>,
-        report: bool,
+        (report, window): (bool, bool),
         now: i64,
     ) -> Response {
         permit.started();
@@ -361,6 +405,11 @@ impl Director {
                 }
                 let mut body =
                     json!({"v":1,"cellUrl":cell_url,"assignmentEpoch":epoch,"lease":lease});
+                if window {
+                    // §8 is not built: the window cannot be issued; the grant is returned without
+                    // `regionCorrection`, as for any failed `issue-window`.
+                    crate::logging::event("orca_relay_region_window_unavailable", json!({}));
+                }
                 if report {
                     // No region decision is ever issued by this director (§8 not built): every
                     // report finds none.
@@ -660,4 +709,14 @@ impl Director {
         *cache = Some((Instant::now(), body.clone()));
         h::json(StatusCode::OK, &body)
     }
+}
+
+/// The error code of an assign/resolve answer, for the metrics label.
+#[derive(Clone, Copy)]
+struct Outcome(&'static str);
+
+/// Tags an error response with its code.
+fn coded(mut r: Response, code: &'static str) -> Response {
+    r.extensions_mut().insert(Outcome(code));
+    r
 }

@@ -50,6 +50,22 @@ fn report(step: &str, r: Result<SweepCount, DbError>) {
 pub async fn run_once(d: &Director) {
     let db = &d.ctx.db;
     let now = crate::clock::now_ms();
+    // `orca_relay_cell_live` follows silence too, not only heartbeats.
+    if let Ok(cells) = crate::store::cells::views(
+        crate::store::cells::Reader::Db(db),
+        crate::store::cells::Which::All,
+        false,
+    )
+    .await
+    {
+        for c in cells {
+            d.ctx
+                .metrics
+                .cell_live
+                .with_label_values(&[&c.cell_id])
+                .set(c.live(now) as i64);
+        }
+    }
     report("refresh-migrations", m::refresh_migrations(db, now).await);
     report(
         "complete-ready-migrations",
@@ -77,6 +93,75 @@ pub async fn run_once(d: &Director) {
             .map(|_| SweepCount::default()),
     );
     report("evacuate-dead-cells", evacuate_dead_cells(d, now).await);
+    report("credential-cleanup", credential_cleanup(d, now).await);
+}
+
+/// `credential-cleanup` (protocol.md §7): expire invites (releasing their `invite-offer:*`
+/// activity), lapsed `reserved` invites → `cooldown`, deactivate bases past their deadline, consume
+/// lapsed direct authorizations, delete rate windows older than 24 h.
+async fn credential_cleanup(d: &Director, now: i64) -> Result<SweepCount, DbError> {
+    let db = &d.ctx.db;
+    let expiring = db
+        .query(
+            "SELECT token_hash, user_id, relay_host_id, offer_req_id FROM relay_invites \
+             WHERE state IN ('available', 'reserved', 'cooldown') AND expires_at <= $1 LIMIT 500",
+            crate::params![now],
+        )
+        .await?;
+    let mut count = SweepCount::default();
+    for r in &expiring {
+        let n = db
+            .execute(
+                "UPDATE relay_invites SET state = 'expired', updated_at = $2 WHERE token_hash = $1 \
+                 AND state IN ('available', 'reserved', 'cooldown')",
+                crate::params![r.str(0), now],
+            )
+            .await?;
+        if n == 0 {
+            continue;
+        }
+        count.done += 1;
+        if let Some(req) = r.opt_str(3) {
+            let host = crate::store::assignments::HostKey {
+                user_id: r.str(1),
+                relay_host_id: r.str(2),
+            };
+            match crate::store::assignments::release_activity(
+                db,
+                &host,
+                &format!("invite-offer:{req}"),
+                now,
+            )
+            .await
+            {
+                Ok(()) => {}
+                Err(DbError::LockUnavailable) => count.skipped += 1,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    db.execute(
+        "UPDATE relay_invites SET state = 'cooldown', cooldown_until = $2, updated_at = $1 \
+         WHERE state = 'reserved' AND reservation_expires_at IS NOT NULL AND reservation_expires_at <= $1",
+        crate::params![now, now + 2_000],
+    )
+    .await?;
+    db.execute(
+        "UPDATE relay_connection_bases SET active = $2 WHERE active = $3 AND deadline < $1",
+        crate::params![now, false, true],
+    )
+    .await?;
+    db.execute(
+        "UPDATE relay_direct_authorizations SET consumed_at = $1 WHERE consumed_at IS NULL AND deadline < $1",
+        crate::params![now],
+    )
+    .await?;
+    db.execute(
+        "DELETE FROM relay_rate_windows WHERE window_start < $1",
+        crate::params![now - 86_400_000],
+    )
+    .await?;
+    Ok(count)
 }
 
 /// `evacuate-dead-cells` (§6.4): `assign` without a region hint and with a 1 000 ms cell-row wait,

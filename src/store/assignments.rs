@@ -824,10 +824,7 @@ pub async fn renew_control_activities(
                     params![&h.user_id, &h.relay_host_id],
                 )
                 .await?;
-            let row = match r {
-                Some(r) => Some(AssignmentRow::from_row(&r)),
-                None => None,
-            };
+            let row = r.map(|r| AssignmentRow::from_row(&r));
             locked.insert(*h, row);
         }
         let mut out = Vec::with_capacity(rows.len());

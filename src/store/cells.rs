@@ -23,6 +23,13 @@ pub enum Which<'a> {
     One(&'a str),
     /// Two cells (source and target), locked together in one statement.
     Pair(&'a str, &'a str),
+    /// The `general` cells other than `exclude`, inside `region` (`inside`) or outside it: the
+    /// narrow isolated-replacement path (director.md §5.2 I).
+    Region {
+        region: &'a str,
+        exclude: &'a str,
+        inside: bool,
+    },
 }
 
 /// Either a plain read on the pool or a read inside a transaction.
@@ -98,8 +105,23 @@ pub async fn views(
             " WHERE cell_id IN ($1, $2)",
             vec![Value::from(a), Value::from(b)],
         ),
+        Which::Region {
+            region,
+            exclude,
+            inside,
+        } => (
+            if inside {
+                " WHERE admission_state = 'general' AND cell_id <> $1 AND region = $2"
+            } else {
+                " WHERE admission_state = 'general' AND cell_id <> $1 AND region <> $2"
+            },
+            vec![Value::from(exclude), Value::from(region)],
+        ),
     };
-    let lock_sql = if lock { " FOR UPDATE" } else { "" };
+    if !lock {
+        return joined_views(r, filter, &p).await;
+    }
+    let lock_sql = " FOR UPDATE";
     let rows = r
         .query(
             &format!("SELECT {CELL_COLUMNS} FROM relay_cells{filter} ORDER BY cell_id{lock_sql}"),
@@ -114,6 +136,10 @@ pub async fn views(
         Which::One(_) => " WHERE cell_id = $1",
         Which::Pair(..) => " WHERE cell_id IN ($1, $2)",
         _ => "",
+    };
+    let p: Vec<Value> = match which {
+        Which::One(_) | Which::Pair(..) => p,
+        _ => vec![],
     };
     let runtimes = r
         .query(
@@ -163,6 +189,14 @@ pub async fn views(
     Ok(cells)
 }
 
+/// One cell, read inside a transaction without locking it.
+pub async fn view_in(tx: &mut Tx, cell_id: &str) -> Result<Option<CellView>, DbError> {
+    Ok(views(Reader::Tx(tx), Which::One(cell_id), false)
+        .await?
+        .into_iter()
+        .next())
+}
+
 /// One cell (plain read).
 pub async fn view(db: &Db, cell_id: &str) -> Result<Option<CellView>, DbError> {
     Ok(views(Reader::Db(db), Which::One(cell_id), false)
@@ -175,7 +209,7 @@ pub async fn view(db: &Db, cell_id: &str) -> Result<Option<CellView>, DbError> {
 // Heartbeats (director.md §3.6)
 
 /// A heartbeat that passed the schema checks, incarnation lowercased.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Beat {
     pub cell_id: String,
     pub cell_url: String,
@@ -214,7 +248,7 @@ impl super::RetryClass for BeatError {
 /// an existing cell still deletes the cell's fence.
 pub async fn heartbeat(db: &Db, beat: &Beat, now: i64) -> Result<(), BeatError> {
     let result: Result<bool, BeatError> =
-        crate::transaction!(db, "cell-runtime", |tx| { apply_beat(tx, beat, now).await });
+        crate::transaction!(db, "cell-runtime", |tx| apply_beat(tx, beat, now).await);
     match result {
         Ok(_) => {
             let _ = release_after_beat(db, beat, now).await;
@@ -617,4 +651,57 @@ pub async fn lock_cells(tx: &mut Tx, ids: &[String]) -> Result<(), DbError> {
     )
     .await?;
     Ok(())
+}
+
+/// The plain-read form of [`views`]: one statement joining runtime, fence and the outstanding
+/// reservation count (the hot sticky path reads a home this way several times per request).
+async fn joined_views(
+    mut r: Reader<'_>,
+    filter: &str,
+    p: &[Value],
+) -> Result<Vec<CellView>, DbError> {
+    let cols: String = CELL_COLUMNS
+        .split(", ")
+        .map(|c| format!("c.{}", c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let rt: String = RUNTIME_COLUMNS
+        .split(", ")
+        .map(|c| format!("r.{}", c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let filter = filter
+        .replace("cell_id", "c.cell_id")
+        .replace("admission_state", "c.admission_state");
+    let rows = r
+        .query(
+            &format!(
+                "SELECT {cols}, {rt}, f.cell_incarnation, f.attested_at, f.expires_at, \
+                 (SELECT COUNT(*) FROM relay_connection_reservations x WHERE x.cell_id = c.cell_id AND x.state IN ('reserved', 'claimed')) \
+                 FROM relay_cells c LEFT JOIN relay_cell_runtime r ON r.cell_id = c.cell_id \
+                 LEFT JOIN relay_cell_fences f ON f.cell_id = c.cell_id{filter} ORDER BY c.cell_id"
+            ),
+            p,
+        )
+        .await?;
+    const N: usize = 9;
+    const M: usize = 15;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let mut c = cell_from_row(row);
+            if !row.is_null(N) {
+                c.runtime = Some(runtime_from_row(&Row(row.0[N..N + M].to_vec())));
+            }
+            if !row.is_null(N + M) {
+                c.fence = Some(Fence {
+                    cell_incarnation: row.str(N + M),
+                    attested_at: row.i64(N + M + 1),
+                    expires_at: row.i64(N + M + 2),
+                });
+            }
+            c.outstanding = row.i64(N + M + 3);
+            c
+        })
+        .collect())
 }

@@ -12,7 +12,7 @@ use super::cells::{self, Reader, Which};
 use super::{Db, DbError, Tx};
 use crate::director::liveness::{Admission, CellView};
 use crate::director::placement::{
-    decide, decide_sticky, placement_region, Decision, HostView, MoveKind, Refusal,
+    decide, decide_sticky, placement_region, select, Decision, HostView, MoveKind, Refusal, Scope,
 };
 use crate::params;
 
@@ -83,22 +83,23 @@ pub async fn assign(
     opts: AssignOptions,
 ) -> Result<Grant, AssignError> {
     let mut last = AssignError::Restart;
-    for _ in 0..4 {
+    let mut mode = Mode::Sticky;
+    for _ in 0..6 {
         let now = crate::clock::now_ms();
         // A.1: plain read of the row and its home.
         let plain = read_row(db, host).await?;
-        let wait = match &plain {
-            Some(row) => match cells::view(db, &row.cell_id).await? {
+        let wait = match (&plain, mode) {
+            (Some(row), Mode::Sticky) => match cells::view(db, &row.cell_id).await? {
                 Some(home) if home.live(now) && home.admission == Admission::General => {
                     Some(STICKY_ROW_WAIT_MS)
                 }
                 _ => None,
             },
-            None => None,
+            _ => None,
         };
         let plain_cell = plain.map(|r| r.cell_id);
         let mut events: Vec<(&'static str, Json)> = Vec::new();
-        let result: Result<Grant, AssignError> = crate::transaction!(db, "assignment", |tx| {
+        let result: Result<Step, AssignError> = crate::transaction!(db, "assignment", |tx| {
             events.clear();
             assign_tx(
                 tx,
@@ -108,6 +109,7 @@ pub async fn assign(
                 preferred_region,
                 regions,
                 opts,
+                mode,
                 now,
                 &mut events,
             )
@@ -116,13 +118,38 @@ pub async fn assign(
         match result {
             Err(AssignError::Restart) => {
                 last = AssignError::Restart;
+                mode = Mode::Sticky;
                 continue;
             }
-            Ok(g) => {
+            Ok(Step::Done(g)) => {
                 for (name, fields) in events {
                     crate::logging::event(name, fields);
                 }
                 return Ok(g);
+            }
+            Ok(Step::Isolated) => {
+                // I: tier 1 (home region), tier 2 (other regions), each its own transaction;
+                // nothing found, or a host that no longer qualifies, continues with M.
+                for inside in [true, false] {
+                    let mut events: Vec<(&'static str, Json)> = Vec::new();
+                    let r: Result<IStep, AssignError> =
+                        crate::transaction!(db, "assignment", |tx| {
+                            events.clear();
+                            isolated_tx(tx, host, inside, opts, crate::clock::now_ms(), &mut events)
+                                .await
+                        });
+                    match r? {
+                        IStep::Moved(g) => {
+                            for (name, fields) in events {
+                                crate::logging::event(name, fields);
+                            }
+                            return Ok(g);
+                        }
+                        IStep::NoTarget => continue,
+                        IStep::ToAllRows => break,
+                    }
+                }
+                mode = Mode::AllRows;
             }
             Err(e) => return Err(e),
         }
@@ -131,6 +158,129 @@ pub async fn assign(
         AssignError::Restart => AssignError::Db(DbError::Serialization("40001")),
         e => e,
     })
+}
+
+/// Which entry of §5.2 a transaction plays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// A (then P or M in the same transaction).
+    Sticky,
+    /// M entered from I: its own transaction, assignment row NOWAIT.
+    AllRows,
+}
+
+/// What the first transaction concluded.
+enum Step {
+    Done(Grant),
+    /// A.4 found a roll-isolated home for a simple host: take the narrow path I.
+    Isolated,
+}
+
+/// Outcome of one tier of I.
+enum IStep {
+    Moved(Grant),
+    NoTarget,
+    ToAllRows,
+}
+
+/// Simple host (§5.1): every lease charged to the home and invariant 2 holds.
+pub fn simple(hv: &HostView) -> bool {
+    let mut c = [0i64; 6];
+    for l in &hv.leases {
+        if l.cell_id != hv.row.cell_id {
+            return false;
+        }
+        let i = match l.kind.as_str() {
+            "control" => 0,
+            "splice" => 1,
+            "invite" => 2,
+            "install" => 3,
+            "confirmation" => 4,
+            _ => 5,
+        };
+        c[i] += 1;
+    }
+    c == hv.row.counters
+}
+
+/// One tier of the isolated-replacement path: never locks or writes the home row.
+async fn isolated_tx(
+    tx: &mut Tx,
+    host: &HostKey,
+    inside: bool,
+    opts: AssignOptions,
+    now: i64,
+    events: &mut Vec<(&'static str, Json)>,
+) -> Result<IStep, AssignError> {
+    let row = match lock_row(tx, host, None).await.map_err(busy)? {
+        Some(r) => r,
+        None => return Ok(IStep::ToAllRows),
+    };
+    let leases = lock_leases(tx, host).await?;
+    let open_migration = lock_open_migration(tx, host).await?;
+    lock_reservations(tx, host).await?;
+    let hv = HostView {
+        row,
+        leases,
+        open_migration,
+    };
+    let home = cells::view_in(tx, &hv.row.cell_id).await?;
+    let live = home.as_ref().is_some_and(|h| h.live(now));
+    if !(hv.roll_isolated(home.as_ref(), now)
+        && (live || hv.roll_replaced(home.as_ref(), now))
+        && simple(&hv))
+    {
+        return Ok(IStep::ToAllRows);
+    }
+    let home = home.expect("roll-isolated implies a cell row");
+    tx.set_lock_timeout(opts.cell_wait_ms).await?;
+    let cells = cells::views(
+        Reader::Tx(tx),
+        Which::Region {
+            region: &home.region,
+            exclude: &home.cell_id,
+            inside,
+        },
+        true,
+    )
+    .await?;
+    let scope = if inside {
+        Scope::Require(&home.region)
+    } else {
+        Scope::Outside(&home.region)
+    };
+    let target = match select(&cells, scope, 1, Some(&home.cell_id), now) {
+        Some(t) => t,
+        None => return Ok(IStep::NoTarget),
+    };
+    let kind = MoveKind::Isolated { source_live: live };
+    let epoch = write_move(tx, host, Some(&hv), target, kind, None, now).await?;
+    events.push((
+        "orca_relay_sticky_replaced_off_isolated_cell",
+        json!({
+            "fromCellId": home.cell_id,
+            "fromRegion": home.region,
+            "admissionState": home.admission.as_str(),
+            "toCellId": target.cell_id,
+            "region": target.region,
+            "sourceLive": live,
+        }),
+    ));
+    let lease = tx
+        .query_opt(
+            "SELECT lease_expires_at FROM relay_assignments WHERE user_id = $1 AND relay_host_id = $2",
+            params![&host.user_id, &host.relay_host_id],
+        )
+        .await?
+        .map_or(now + LEASE_TTL_MS, |r| r.i64(0));
+    Ok(IStep::Moved(Grant {
+        cell_id: target.cell_id.clone(),
+        cell_url: target.cell_url.clone(),
+        region: target.region.clone(),
+        assignment_epoch: epoch,
+        lease_expires_at: lease,
+        moved: Some(kind),
+    }))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -142,9 +292,10 @@ async fn assign_tx(
     preferred: Option<&str>,
     regions: &[String],
     opts: AssignOptions,
+    mode: Mode,
     now: i64,
     events: &mut Vec<(&'static str, Json)>,
-) -> Result<Grant, AssignError> {
+) -> Result<Step, AssignError> {
     // A.2: the assignment row.
     let row = lock_row(tx, host, wait).await.map_err(busy)?;
     let row = match row {
@@ -163,7 +314,8 @@ async fn assign_tx(
                 now,
                 events,
             )
-            .await;
+            .await
+            .map(Step::Done);
         }
         Some(r) => r,
     };
@@ -196,9 +348,22 @@ async fn assign_tx(
         .await?
         .into_iter()
         .next();
-    if let Some(d) = decide_sticky(&hv, home.as_ref(), now) {
-        let cells: Vec<CellView> = home.into_iter().collect();
-        return apply(tx, host, Some(&hv), &cells, d, preferred, now, events).await;
+    if mode == Mode::Sticky {
+        if let Some(d) = decide_sticky(&hv, home.as_ref(), now) {
+            let cells: Vec<CellView> = home.into_iter().collect();
+            return apply(tx, host, Some(&hv), &cells, d, preferred, now, events)
+                .await
+                .map(Step::Done);
+        }
+        // A.4: roll-isolated (liveness ignored) → I, for simple hosts that are not dormant or
+        // stranded (those rules come first and belong to M).
+        if hv.roll_isolated(home.as_ref(), now)
+            && !hv.dormant(now)
+            && !hv.stranded(home.as_ref(), now)
+            && simple(&hv)
+        {
+            return Ok(Step::Isolated);
+        }
     }
     // P (dormant) or M: every row the rule may need, locked in one statement.
     tx.set_lock_timeout(opts.cell_wait_ms).await?;
@@ -209,7 +374,9 @@ async fn assign_tx(
     };
     let cells = cells::views(Reader::Tx(tx), which, true).await?;
     let d = decide(Some(&hv), &cells, &region, now);
-    apply(tx, host, Some(&hv), &cells, d, preferred, now, events).await
+    apply(tx, host, Some(&hv), &cells, d, preferred, now, events)
+        .await
+        .map(Step::Done)
 }
 
 fn busy(e: DbError) -> AssignError {
@@ -464,4 +631,49 @@ pub async fn resolve(db: &Db, host: &HostKey, regions: &[String]) -> Result<Reso
         assignment_epoch: g.assignment_epoch,
         lease_expires_at: g.lease_expires_at,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::assignments::{AssignmentRow, Lease};
+
+    fn lease(id: &str, kind: &str, cell: &str) -> Lease {
+        Lease {
+            activity_id: id.into(),
+            kind: kind.into(),
+            cell_id: cell.into(),
+            request_units: 1,
+            expires_at: 0,
+            control_generation: None,
+            cell_incarnation: None,
+            idle_regional_rehome: false,
+            renewed_at: None,
+        }
+    }
+
+    #[test]
+    fn simple_hosts() {
+        let mut hv = HostView {
+            row: AssignmentRow {
+                cell_id: "A".into(),
+                assignment_epoch: 1,
+                lease_expires_at: 0,
+                last_activity_at: 0,
+                counters: [1, 1, 0, 0, 0, 0],
+                preferred_region: None,
+            },
+            leases: vec![
+                lease("control-pending:1", "control", "A"),
+                lease("splice:x", "splice", "A"),
+            ],
+            open_migration: None,
+        };
+        assert!(simple(&hv));
+        hv.row.counters[1] = 2;
+        assert!(!simple(&hv), "invariant 2 broken");
+        hv.row.counters[1] = 1;
+        hv.leases[1].cell_id = "B".into();
+        assert!(!simple(&hv), "a lease charged elsewhere");
+    }
 }

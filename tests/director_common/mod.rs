@@ -131,6 +131,9 @@ pub async fn start(t: &TestDb, extra: &[&str]) -> Dir {
     .iter()
     .map(|s| s.to_string())
     .collect();
+    if extra.contains(&"--role") {
+        args.drain(1..3);
+    }
     args.extend(extra.iter().map(|s| s.to_string()));
     let w = Wrapper::try_parse_from(args).expect("args");
     let config = Config::from_args(&w.serve).expect("config");
@@ -229,6 +232,7 @@ impl Dir {
     }
 
     /// A heartbeat body; `telemetry` = (total, inFlight, enforced) for capped cells.
+    #[allow(clippy::too_many_arguments)]
     pub fn hb_body(
         &self,
         id: &str,
