@@ -729,8 +729,19 @@ fn u04_normative_vector() {
 #[test]
 fn apns_key_formats() {
     use orca_relay::push::apns::load_key;
-    assert!(load_key(keys::APNS_KEY_PEM).is_ok());
-    assert!(load_key(keys::APNS_KEY_SEC1_PEM).is_ok());
+    for pem in [keys::APNS_KEY_PEM, keys::APNS_KEY_SEC1_PEM] {
+        let key = load_key(pem).unwrap();
+        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+        header.kid = Some("KEYID12345".into());
+        header.typ = None;
+        let jwt = jsonwebtoken::encode(
+            &header,
+            &json!({"iss":"TEAM123456","iat":orca_relay::clock::now_ms() / 1000}),
+            &key,
+        )
+        .expect("signs");
+        support::fakes::verify_apns_jwt(Some(&format!("bearer {jwt}"))).unwrap();
+    }
     assert!(load_key(keys::FCM_KEY_PEM).is_err());
 }
 
@@ -789,6 +800,7 @@ async fn claim_rules() {
         let c2 = store::claim(&t.db, now).await.unwrap().unwrap();
         assert_eq!(c2.delivery_id, "b1", "A has a live lease");
         assert!(store::claim(&t.db, now).await.unwrap().is_none());
+        assert!(store::finish_delete(&t.db, &c2).await.unwrap());
         assert!(store::renew(&t.db, &c1, now).await.unwrap());
         let mut stale = c1.clone();
         stale.lease_token = "other".into();
