@@ -143,6 +143,9 @@ pub fn server_args(db_url: &str, data: &std::path::Path, o: &Opts) -> Vec<String
         ADMIN.into(),
         "--trusted-proxy-hops".into(),
         "1".into(),
+        // Many servers share one Postgres (max_connections 100) during a test run.
+        "--database-pool-max".into(),
+        "4".into(),
     ];
     if let Some(base) = &o.apns {
         a.push(format!("--push-apns-key={}", keys::APNS_KEY_PEM));
