@@ -7,7 +7,9 @@
 //! Postgres uses `ORCA_RELAY_TEST_POSTGRES_URL` (a fresh schema, dropped afterwards).
 //!
 //! Each host may queue at most 300 alerts per 15 minutes and make 600 calls a minute (push.md §9,
-//! §13), so the load is spread over enough hosts, each with its own client address and one iOS device.
+//! §13), so the load is spread round-robin over enough hosts (≤ 250 sends each), each with its own
+//! client address and 8 iOS devices. Deliveries to one registration are strictly sequential (one in
+//! flight), so delivered/s scales with the number of registrations.
 
 #[path = "../tests/support/push/mod.rs"]
 mod support;
@@ -20,6 +22,7 @@ use serde_json::json;
 use support::{alert, fakes, ios_token, Host, Opts, Server};
 
 const PER_HOST: usize = 250;
+const DEVICES_PER_HOST: usize = 8;
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
@@ -49,8 +52,14 @@ async fn main() {
         s.xff = format!("10.{}.{}.1", i / 250, i % 250);
         let h = Host::new();
         let tok = h.session(&s).await;
-        let id = s.register(&tok, "bench", "ios", &ios_token()).await;
-        senders.push((s.xff.clone(), tok, id));
+        let mut ids = Vec::new();
+        for d in 0..DEVICES_PER_HOST {
+            ids.push(
+                s.register(&tok, &format!("bench-{d}"), "ios", &ios_token())
+                    .await,
+            );
+        }
+        senders.push((s.xff.clone(), tok, ids));
     }
     let s = Arc::new(s);
     let senders = Arc::new(senders);
@@ -66,7 +75,8 @@ async fn main() {
                 if k >= sends {
                     return queued;
                 }
-                let (xff, tok, id) = &senders[k / PER_HOST];
+                let (xff, tok, ids) = &senders[k % hosts];
+                let id = &ids[(k / hosts) % DEVICES_PER_HOST];
                 let body = json!({"v":1,"registrationIds":[id],"notification":alert(&format!("b{k}"), k as u64)});
                 let (st, _, v) = s
                     .call_as(xff, reqwest::Method::POST, "/v1/send", Some(tok), Some(body.to_string()))
@@ -94,6 +104,7 @@ async fn main() {
         json!({
             "backend": backend,
             "hosts": hosts,
+            "registrations": hosts * DEVICES_PER_HOST,
             "concurrency": concurrency,
             "sends": sends,
             "queued": queued,

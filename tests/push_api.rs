@@ -677,3 +677,283 @@ async fn shutting_down_refuses() {
     tokio::time::sleep(Duration::from_millis(1)).await;
     s.stop().await;
 }
+
+/// U-04: the normative vector of push.md §3.4 through the public API.
+#[test]
+fn u04_normative_vector() {
+    use orca_relay::crypto::push_proof::{
+        answer_push_challenge, issue_push_challenge_with, secret_hash,
+    };
+    use orca_relay::crypto::{sha256_hex, ChallengeRandomness, X25519Keypair};
+    let seq = |first: u8| -> [u8; 32] { std::array::from_fn(|i| first + i as u8) };
+    let host = X25519Keypair::from_secret(seq(0x01));
+    let random = ChallengeRandomness {
+        ephemeral_secret: seq(0x21),
+        nonce: std::array::from_fn(|i| 0x41 + i as u8),
+        challenge_secret: seq(0x61),
+        challenge_id: "0b7e4c2a-5d1f-4e8b-9a3c-6f2d8e1b7a40".into(),
+    };
+    let (resp, hash) = issue_push_challenge_with(
+        "https://push.example.test",
+        &host.public,
+        1_767_225_600_000,
+        &random,
+    );
+    let sealed = orca_relay::crypto::b64::std_decode_canonical(&resp.ciphertext_b64).unwrap();
+    assert_eq!(sealed.len(), 488);
+    assert_eq!(
+        sha256_hex(&sealed),
+        "0707378218aea2f56d54b0d5483e4764b4d7bd4daa7ea5a61e43bbe6df02d6ff"
+    );
+    assert_eq!(
+        resp.gateway_ephemeral_public_key_b64,
+        "WGmv9FBUlzLLqu1eXfmzCm2jHLDldCutWtShp2jxpns="
+    );
+    assert_eq!(resp.expires_at, 1_767_225_610_000);
+    assert_eq!(hash, "VrqJezT_4dry8mHbyKVeVYz4MGtIlazDvrD1HBzYUL0");
+    let proof = answer_push_challenge(
+        &host.secret,
+        "https://push.example.test",
+        &resp,
+        1_767_225_600_000,
+    )
+    .unwrap();
+    assert_eq!(
+        std_b64(&proof),
+        "e3cFfP3o64AwWVR7l1LmhFOnCg6p3++1aXXtc6wdvfQ="
+    );
+    assert_eq!(secret_hash(&proof), hash);
+}
+
+/// APNs keys: PKCS#8 and SEC1 PEM both load; anything else is refused.
+#[test]
+fn apns_key_formats() {
+    use orca_relay::push::apns::load_key;
+    for pem in [keys::APNS_KEY_PEM, keys::APNS_KEY_SEC1_PEM] {
+        let key = load_key(pem).unwrap();
+        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+        header.kid = Some("KEYID12345".into());
+        header.typ = None;
+        let jwt = jsonwebtoken::encode(
+            &header,
+            &json!({"iss":"TEAM123456","iat":orca_relay::clock::now_ms() / 1000}),
+            &key,
+        )
+        .expect("signs");
+        support::fakes::verify_apns_jwt(Some(&format!("bearer {jwt}"))).unwrap();
+    }
+    assert!(load_key(keys::FCM_KEY_PEM).is_err());
+}
+
+/// Validation mode: `/health` says so, push routes answer `503 validation_only`.
+#[tokio::test]
+async fn validation_mode() {
+    let t = orca_relay::store::testing::TestDb::sqlite().await;
+    let s = Server::start(
+        &t.url,
+        Opts {
+            extra: vec![("--push-mode".into(), "validation".into())],
+            ..Default::default()
+        },
+    )
+    .await;
+    let (st, _, v) = s.call(Method::GET, "/health", None, None).await;
+    assert_eq!(st, 200);
+    assert_eq!(v["pushMode"], "validation");
+    let (st, v) = s
+        .post(
+            "/v1/host/challenge",
+            None,
+            json!({"v":1,"hostPublicKeyB64":Host::new().public_b64()}),
+        )
+        .await;
+    assert_eq!((st, v), (503, json!({"error":"validation_only"})));
+    s.stop().await;
+}
+
+/// The claim rules of push.md §7 at the store level: one live lease per registration, due order,
+/// a row in backoff does not block newer due rows, every finish matches the lease token.
+#[tokio::test]
+async fn claim_rules() {
+    use orca_relay::push::store;
+    run_all(|t| async move {
+        let now = orca_relay::clock::now_ms();
+        let payload = serde_json::to_string(&alert("x", 1)).unwrap();
+        let ins = |id: &str, reg: &str, created: i64| {
+            let (db, payload) = (t.db.clone(), payload.clone());
+            let (id, reg) = (id.to_string(), reg.to_string());
+            async move {
+                db.execute(
+                    "INSERT INTO push_deliveries (delivery_id, host_fingerprint, registration_id, kind, notification_epoch, notification_id, notification_seq, payload_json, due_at, expires_at, lease_token, lease_until, attempts, created_at) \
+                     VALUES ($1, 'fp', $2, 'alert', 'e', NULL, 1, $3, $4, $5, NULL, 0, 0, $4)",
+                    params![id.as_str(), reg.as_str(), payload.as_str(), created, now + 100_000],
+                )
+                .await
+                .unwrap();
+            }
+        };
+        ins("a1", "A", now - 30).await;
+        ins("a2", "A", now - 20).await;
+        ins("b1", "B", now - 10).await;
+        let c1 = store::claim(&t.db, now).await.unwrap().unwrap();
+        assert_eq!((c1.delivery_id.as_str(), c1.attempts), ("a1", 1));
+        let c2 = store::claim(&t.db, now).await.unwrap().unwrap();
+        assert_eq!(c2.delivery_id, "b1", "A has a live lease");
+        assert!(store::claim(&t.db, now).await.unwrap().is_none());
+        assert!(store::finish_delete(&t.db, &c2).await.unwrap());
+        assert!(store::renew(&t.db, &c1, now).await.unwrap());
+        let mut stale = c1.clone();
+        stale.lease_token = "other".into();
+        assert!(!store::renew(&t.db, &stale, now).await.unwrap());
+        assert!(!store::finish_delete(&t.db, &stale).await.unwrap());
+        assert!(store::finish_retry(&t.db, &c1, now + 5_000).await.unwrap());
+        let c3 = store::claim(&t.db, now).await.unwrap().unwrap();
+        assert_eq!(c3.delivery_id, "a2", "a row in backoff does not block newer due rows");
+        assert!(store::finish_delete(&t.db, &c3).await.unwrap());
+        let c4 = store::claim(&t.db, now + 5_000).await.unwrap().unwrap();
+        assert_eq!((c4.delivery_id.as_str(), c4.attempts), ("a1", 2));
+        // Lease lapse: a crashed worker's row is claimable again after 30 s.
+        let c5 = store::claim(&t.db, now + 5_000 + 30_000).await.unwrap().unwrap();
+        assert_eq!(c5.delivery_id, "a1");
+        assert!(!store::finish_delete(&t.db, &c4).await.unwrap(), "the lost lease changes nothing");
+        assert!(store::finish_delete(&t.db, &c5).await.unwrap());
+    })
+    .await;
+}
+
+/// Prune sweeps (push.md §11).
+#[tokio::test]
+async fn prune_sweeps() {
+    run_all(|t| async move {
+        let s = Server::start(&t.url, Opts::default()).await;
+        let now = orca_relay::clock::now_ms();
+        let db = &t.db;
+        for (id, exp) in [("old", now - 31_000), ("late", now - 1_000)] {
+            db.execute(
+                "INSERT INTO push_challenges (challenge_id, host_fingerprint, secret_hash, expires_at, consumed_at) VALUES ($1, 'fp', 'h', $2, NULL)",
+                params![id, exp],
+            )
+            .await
+            .unwrap();
+        }
+        db.execute(
+            "INSERT INTO push_sessions (token_hash, host_fingerprint, expires_at, created_at) VALUES ('t1', 'fp1', $1, 0), ('t2', 'fp2', $2, 0)",
+            params![now - 1, now + 100_000],
+        )
+        .await
+        .unwrap();
+        db.execute(
+            "INSERT INTO push_events (event_id, host_fingerprint, kind, fingerprint, created_at, expires_at) VALUES ('e1', 'fp', 'alert', 'f', $1, 0), ('e2', 'fp', 'alert', 'f', $2, 0)",
+            params![now - 86_400_001, now],
+        )
+        .await
+        .unwrap();
+        db.execute(
+            "INSERT INTO push_event_recipients (event_id, registration_id, created_at) VALUES ('e1', 'r', $1)",
+            params![now - 86_400_001],
+        )
+        .await
+        .unwrap();
+        db.execute(
+            "INSERT INTO push_dismissed_events (host_fingerprint, notification_epoch, notification_id, notification_seq, created_at) VALUES ('fp', 'e', 'n', 1, $1)",
+            params![now - 86_400_001],
+        )
+        .await
+        .unwrap();
+        let ctx = &s.running().ctx;
+        for job in ["challenges", "sessions", "deliveries"] {
+            orca_relay::push::jobs::sweep(ctx, job).await.map_err(|(t, _)| t).unwrap();
+        }
+        let count = |sql: &'static str| async move { db.query(sql, &[]).await.unwrap()[0].i64(0) };
+        assert_eq!(count("SELECT COUNT(*) FROM push_challenges").await, 1);
+        assert_eq!(count("SELECT COUNT(*) FROM push_sessions").await, 1);
+        assert_eq!(count("SELECT COUNT(*) FROM push_events").await, 1);
+        assert_eq!(count("SELECT COUNT(*) FROM push_event_recipients").await, 0);
+        assert_eq!(count("SELECT COUNT(*) FROM push_dismissed_events").await, 0);
+        s.stop().await;
+    })
+    .await;
+}
+
+/// A TCP proxy to Postgres that can be closed (dropping every connection) and reopened on the
+/// same port.
+struct PgProxy {
+    addr: std::net::SocketAddr,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl PgProxy {
+    async fn open(addr: std::net::SocketAddr, upstream: &str) -> PgProxy {
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let (s2, up) = (stop.clone(), upstream.to_string());
+        tokio::spawn(async move {
+            loop {
+                let (mut inbound, _) = tokio::select! {
+                    r = listener.accept() => match r { Ok(x) => x, Err(_) => continue },
+                    _ = s2.cancelled() => return,
+                };
+                let (s3, up) = (s2.clone(), up.clone());
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&up).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = s3.cancelled() => {}
+                    }
+                });
+            }
+        });
+        PgProxy { addr, stop }
+    }
+
+    fn close(&self) {
+        self.stop.cancel();
+    }
+}
+
+/// U-03: readiness follows the database (no grace), through a proxy that closes and reopens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn u03_readiness_follows_postgres() {
+    let Some(t) = orca_relay::store::testing::TestDb::postgres().await else {
+        return;
+    };
+    let upstream = "127.0.0.1:5432";
+    assert!(
+        t.url.contains(upstream),
+        "the test Postgres must be at {upstream}"
+    );
+    let proxy = PgProxy::open("127.0.0.1:0".parse().unwrap(), upstream).await;
+    let url = t.url.replace(upstream, &proxy.addr.to_string());
+    let s = Server::start(
+        &url,
+        Opts {
+            extra: vec![("--readiness-sql-grace-ms".into(), "0".into())],
+            ..Default::default()
+        },
+    )
+    .await;
+    let ready = || async {
+        let (st, _, v) = s.call(Method::GET, "/ready", None, None).await;
+        (st, v)
+    };
+    assert_eq!(ready().await, (200, json!({"ok":true})));
+    proxy.close();
+    assert!(
+        eventually(Duration::from_secs(12), || async {
+            ready().await == (503, json!({"error":"dependency_unavailable"}))
+        })
+        .await
+    );
+    let proxy = PgProxy::open(proxy.addr, upstream).await;
+    assert!(
+        eventually(Duration::from_secs(12), || async {
+            ready().await == (200, json!({"ok":true}))
+        })
+        .await
+    );
+    proxy.close();
+    s.stop().await;
+}

@@ -100,6 +100,10 @@ async fn u21_u22_u39_apns_alert_and_dismiss() {
         assert_eq!(r.headers["apns-push-type"], "alert");
         assert_eq!(r.headers["apns-priority"], "10");
         assert_eq!(r.headers["content-type"], "application/json");
+        assert_eq!(
+            r.headers["content-length"].parse::<usize>().unwrap(),
+            r.body.to_string().len()
+        );
         let exp: i64 = r.headers["apns-expiration"].parse().unwrap();
         assert!(exp <= (send_ms + 300_000 + 2000) / 1000 && exp >= (send_ms + 300_000) / 1000 - 2);
         let collapse = orca_relay::push::model::collapse_id(&w.h.fp, Some("n1"), "", 0);
@@ -388,6 +392,20 @@ async fn u30_retry_backoff() {
         assert_eq!(w.s.counter("delivery_retry"), retries + 1);
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(w.apns.seen_for(&token).len(), 2);
+        // 403 ExpiredProviderToken: retried with a freshly minted provider token.
+        let (id2, token2) = w.ios("d2").await;
+        w.apns.script(
+            &token2,
+            vec![Answer::status(403, r#"{"reason":"ExpiredProviderToken"}"#)],
+        );
+        assert_eq!(w.send(&[&id2], alert("n2", 2)).await, ["queued"]);
+        let seen = w.apns.wait_for(&token2, 2, Duration::from_secs(8)).await;
+        assert_eq!(seen.len(), 2);
+        all_auth_ok(&seen);
+        assert_ne!(
+            seen[0].headers["authorization"],
+            seen[1].headers["authorization"]
+        );
         w.stop().await;
     })
     .await;

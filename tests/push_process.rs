@@ -282,7 +282,21 @@ async fn u50_sigterm() {
         let _ = status;
         hold.cancel();
         let mut p2 = spawn(&t.url, &apns, lines.clone());
-        let seen = apns.wait_for(&token, 2, Duration::from_secs(40)).await;
+        // The lease (30 s, renewed every 10 s while the old process held the call) must lapse first.
+        let seen = apns.wait_for(&token, 2, Duration::from_secs(50)).await;
+        if seen.len() != 2 {
+            let rows =
+                t.db.query(
+                    "SELECT lease_until, due_at, expires_at, attempts FROM push_deliveries",
+                    &[],
+                )
+                .await
+                .unwrap();
+            eprintln!("now {} rows {:?}", orca_relay::clock::now_ms(), rows);
+            for l in lines.lock().unwrap().iter() {
+                eprintln!("{l}");
+            }
+        }
         assert_eq!(
             seen.len(),
             2,

@@ -28,10 +28,56 @@ pub struct Apns {
     token: Mutex<Option<(String, i64)>>,
 }
 
-/// Reads a P-256 key: PKCS#8 or SEC1 PEM.
+/// Reads a P-256 key: PKCS#8 or SEC1 PEM (a SEC1 key is wrapped into PKCS#8, which is what the
+/// JWT library reads).
 pub fn load_key(pem: &str) -> Result<EncodingKey, String> {
-    EncodingKey::from_ec_pem(pem.as_bytes())
-        .map_err(|_| "ORCA_PUSH_APNS_KEY must be a P-256 private key (PKCS#8 or SEC1 PEM)".into())
+    let bad = || "ORCA_PUSH_APNS_KEY must be a P-256 private key (PKCS#8 or SEC1 PEM)".to_string();
+    if pem.contains("-----BEGIN EC PRIVATE KEY-----") {
+        let der = pem_body(pem, "EC PRIVATE KEY").ok_or_else(bad)?;
+        return Ok(EncodingKey::from_ec_der(&sec1_to_pkcs8(&der)));
+    }
+    EncodingKey::from_ec_pem(pem.as_bytes()).map_err(|_| bad())
+}
+
+/// The DER inside the first `label` PEM block.
+fn pem_body(pem: &str, label: &str) -> Option<Vec<u8>> {
+    use base64::Engine;
+    let begin = format!("-----BEGIN {label}-----");
+    let end = format!("-----END {label}-----");
+    let start = pem.find(&begin)? + begin.len();
+    let stop = start + pem[start..].find(&end)?;
+    let b64: String = pem[start..stop]
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
+    base64::engine::general_purpose::STANDARD.decode(b64).ok()
+}
+
+fn der_len(n: usize) -> Vec<u8> {
+    if n < 0x80 {
+        vec![n as u8]
+    } else if n < 0x100 {
+        vec![0x81, n as u8]
+    } else {
+        vec![0x82, (n >> 8) as u8, n as u8]
+    }
+}
+
+/// `PrivateKeyInfo { 0, {id-ecPublicKey, prime256v1}, OCTET STRING(sec1) }`.
+fn sec1_to_pkcs8(sec1: &[u8]) -> Vec<u8> {
+    const ALG: [u8; 21] = [
+        0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08, 0x2a, 0x86,
+        0x48, 0xce, 0x3d, 0x03, 0x01, 0x07,
+    ];
+    let mut body = vec![0x02, 0x01, 0x00];
+    body.extend_from_slice(&ALG);
+    body.push(0x04);
+    body.extend(der_len(sec1.len()));
+    body.extend_from_slice(sec1);
+    let mut out = vec![0x30];
+    out.extend(der_len(body.len()));
+    out.extend(body);
+    out
 }
 
 impl Apns {

@@ -59,10 +59,30 @@ pub fn logs() -> Vec<String> {
     LOGS.get_or_init(Default::default).lock().unwrap().clone()
 }
 
-/// U-48: no captured line contains any of `secrets`.
+static SECRETS: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
+
+/// Records a value that must never be logged (push token, session token, proof, title, body,
+/// fingerprint); every server stop scans all captured lines for all recorded values.
+pub fn remember(secret: &str) {
+    if secret.len() >= 6 {
+        SECRETS
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap()
+            .push(secret.to_string());
+    }
+}
+
+/// U-48: no captured line contains any of `secrets` or of the remembered values.
 pub fn assert_logs_clean(secrets: &[String]) {
     let lines = logs();
-    for s in secrets.iter().filter(|s| s.len() >= 6) {
+    let mut all: Vec<String> = SECRETS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap()
+        .clone();
+    all.extend(secrets.iter().cloned());
+    for s in all.iter().filter(|s| s.len() >= 6) {
         for l in &lines {
             assert!(!l.contains(s.as_str()), "log line leaks a secret: {l}");
         }
@@ -123,6 +143,9 @@ pub fn server_args(db_url: &str, data: &std::path::Path, o: &Opts) -> Vec<String
         ADMIN.into(),
         "--trusted-proxy-hops".into(),
         "1".into(),
+        // Many servers share one Postgres (max_connections 100) during a test run.
+        "--database-pool-max".into(),
+        "4".into(),
     ];
     if let Some(base) = &o.apns {
         a.push(format!("--push-apns-key={}", keys::APNS_KEY_PEM));
@@ -197,6 +220,7 @@ impl Server {
         if let Some(r) = self.running.take() {
             r.shutdown().await;
         }
+        assert_logs_clean(&[]);
     }
 
     /// A request with this scenario's `X-Forwarded-For`.
@@ -288,6 +312,8 @@ impl Server {
 
 /// A minimal valid alert.
 pub fn alert(id: &str, seq: u64) -> Value {
+    remember(&format!("Title {id} {seq}"));
+    remember(&format!("Body text {id} {seq}"));
     json!({"notificationId":id,"notificationSeq":seq,"notificationEpoch":"epoch-1",
         "source":"agent-task-complete","agentState":"finished","title":format!("Title {id} {seq}"),
         "body":format!("Body text {id} {seq}")})
@@ -330,6 +356,7 @@ impl Host {
     pub fn new() -> Host {
         let key = X25519Keypair::generate();
         let fp = orca_relay::crypto::relay_host_id(&key.public);
+        remember(&fp);
         Host { key, fp }
     }
 
@@ -354,6 +381,7 @@ impl Host {
         let proof =
             answer_push_challenge(&self.key.secret, &s.base, c, orca_relay::clock::now_ms())
                 .expect("challenge checks");
+        remember(&std_encode(&proof));
         std_encode(&proof)
     }
 
@@ -369,6 +397,7 @@ impl Host {
             )
             .await;
         assert_eq!(status, 200, "{v}");
+        remember(v["sessionToken"].as_str().unwrap());
         v["sessionToken"].as_str().unwrap().to_string()
     }
 }
