@@ -177,15 +177,16 @@ impl Running {
         self.ctx.shutdown.cancel();
         let cell = self.cell.clone();
         let push = self.push.clone();
-        let (_, _) = tokio::join!(
+        let (_, push_ok) = tokio::join!(
             async {
                 if let Some(c) = &cell {
                     c.shutdown().await;
                 }
             },
             async {
-                if let Some(p) = &push {
-                    p.shutdown().await;
+                match &push {
+                    Some(p) => p.shutdown().await,
+                    None => true,
                 }
             }
         );
@@ -196,7 +197,11 @@ impl Running {
         let _ = tokio::time::timeout(Duration::from_secs(8), self.http.wait()).await;
         self.accept.abort();
         self.ctx.db.close();
-        0
+        if push_ok {
+            0
+        } else {
+            1
+        }
     }
 }
 
@@ -384,7 +389,18 @@ fn common_routes(
     let c = ctx.clone();
     let ready = warp::path!("ready").and(warp::get()).then(move || {
         let c = c.clone();
-        async move { ready_response(c.readiness.check().await) }
+        async move {
+            let verdict = c.readiness.check().await;
+            // A validation-mode push process is a deploy preflight: it is ready only when the
+            // database already carries every migration this binary knows (push.md §1).
+            if verdict.is_ready() && c.config.push.mode == crate::config::PushMode::Validation {
+                match migrate::is_current(&c.db).await {
+                    Ok(true) => {}
+                    _ => return ready_response(Verdict::Unavailable),
+                }
+            }
+            ready_response(verdict)
+        }
     });
     let c = ctx.clone();
     let metrics = warp::path!("metrics")

@@ -340,3 +340,29 @@ async fn unconfigured_self_hosted_key_always_refuses() {
     assert_eq!(resp.status(), 401);
     r.shutdown().await;
 }
+
+#[tokio::test]
+async fn overview_carries_push_only_when_push_runs() {
+    let c = reqwest::Client::new();
+    for (role, has_push) in [("all", true), ("director", false)] {
+        let r = start(role, &[]).await;
+        let v: serde_json::Value = c
+            .get(url(&r, "/v1/admin/overview"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["v"], 1, "{v}");
+        assert_eq!(v.get("push").is_some(), has_push, "{role}: {v}");
+        if has_push {
+            assert_eq!(
+                v["push"],
+                serde_json::json!({"queueDepth": 0, "deadRegistrations": 0})
+            );
+        }
+        r.shutdown().await;
+    }
+}

@@ -630,8 +630,7 @@ impl Director {
     }
 }
 
-/// `GET /v1/admin/overview` (operations.md §3) without the `push` section, which the push role
-/// adds when it runs here.
+/// `GET /v1/admin/overview` (operations.md §3), with the `push` section when that role runs here.
 fn overview_route(d: Arc<Director>) -> BoxedFilter<(Response,)> {
     warp::path!("v1" / "admin" / "overview")
         .and(warp::get())
@@ -709,13 +708,21 @@ impl Director {
             .await?
             .first()
             .is_some_and(|r| r.bool(0));
-        Ok(json!({
+        let mut out = json!({
             "v": 1,
             "at": now,
             "cells": cells,
             "assignments": {"total": total, "active": total - dormant, "dormant": dormant},
             "migrations": {"open": open},
             "regionalRehome": {"enabled": enabled, "committed": committed, "deferred": 0, "aborted": aborted},
-        }))
+        });
+        // `push` only when that role runs in this process (operations.md §3).
+        if self.ctx.config.roles.push {
+            out["push"] = json!({
+                "queueDepth": crate::push::store::queue_depth(db, now).await?,
+                "deadRegistrations": crate::push::store::dead_registrations(db).await?,
+            });
+        }
+        Ok(out)
     }
 }

@@ -136,7 +136,8 @@ impl Push {
 
     /// SIGTERM: refuse new requests, await in-flight ones, stop timers, stop claiming and let
     /// in-flight deliveries finish (≤ 9 s in all), then log a final counters line.
-    pub async fn shutdown(&self) {
+    /// Returns false when push missed its deadline (the process then exits non-zero).
+    pub async fn shutdown(&self) -> bool {
         self.stop.cancel();
         let deadline = tokio::time::Instant::now() + SHUTDOWN_BUDGET;
         self.requests.close();
@@ -148,13 +149,15 @@ impl Push {
         };
         let requests_done = tokio::time::timeout_at(deadline, self.requests.wait());
         let (worker_ok, requests_ok) = tokio::join!(worker_done, requests_done);
-        if !worker_ok || requests_ok.is_err() {
+        let ok = worker_ok && requests_ok.is_ok();
+        if !ok {
             crate::logging::event_warn(
                 "orca_push_shutdown_failed",
                 serde_json::json!({"error": "deadline", "target": if worker_ok { "requests" } else { "worker" }}),
             );
         }
         self.emit_counters();
+        ok
     }
 
     fn stopping(&self) -> bool {
