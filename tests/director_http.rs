@@ -309,18 +309,20 @@ async fn d11_least_loaded() {
             d.assign(&h, json!({})).await.body["cellUrl"],
             json!(cell_url("B"))
         );
-        let t2 = orca_relay::store::testing::TestDb::sqlite().await;
-        let d2 = start(&t2, &[]).await;
-        d2.register("A", US, false).await;
-        d2.register("B", US, false).await;
-        d2.hb("A", US, true, &uuid(), 100, false).await;
-        d2.hb("B", US, true, &uuid(), 100, false).await;
-        let h = d2.host("U").await;
+        d.shutdown().await;
+    }
+    // Equal loads: the lower cell id.
+    for t in backends().await {
+        let d = start(&t, &[]).await;
+        d.register("A", US, false).await;
+        d.register("B", US, false).await;
+        d.hb("A", US, true, &uuid(), 100, false).await;
+        d.hb("B", US, true, &uuid(), 100, false).await;
+        let h = d.host("U").await;
         assert_eq!(
-            d2.assign(&h, json!({})).await.body["cellUrl"],
+            d.assign(&h, json!({})).await.body["cellUrl"],
             json!(cell_url("A"))
         );
-        d2.shutdown().await;
         d.shutdown().await;
     }
 }
