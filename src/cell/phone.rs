@@ -129,7 +129,11 @@ pub async fn run_phone(cell: Arc<Cell>, mut ws: Ws, guard: ConnGuard, relay_host
         return reject(&mut ws, close::BAD_OUTER_CREDENTIAL, reason::INVALID_RELAY_AUTH).await;
     };
     match admit(&cell, &mut ws, &mut held, &relay_host_id, &auth.credential).await {
-        Ok(()) => {}
+        Ok(Some(job)) => {
+            tokio::spawn(run_splice(cell.clone(), ws, guard, job));
+            return;
+        }
+        Ok(None) => {}
         Err(Some((code, r))) => {
             held.undo().await;
             reject(&mut ws, code, r).await;
@@ -149,7 +153,7 @@ async fn admit(
     held: &mut Held,
     relay_host_id: &str,
     credential: &str,
-) -> Result<(), Option<(u16, &'static str)>> {
+) -> Result<Option<SpliceJob>, Option<(u16, &'static str)>> {
     let started = now_ms();
     let db = &cell.ctx.db;
     let unavailable = Some((close::LIMIT_EXCEEDED, reason::RELAY_TEMPORARILY_UNAVAILABLE));
@@ -241,17 +245,30 @@ async fn admit(
     // Steps 8, 9.
     let ticket = crypto::random_b64u32();
     let (tx, mut rx) = oneshot::channel();
+    // Lock order: registry before session, never the registry while a session is locked.
+    let registered = {
+        let mut reg = cell.registry();
+        let current = reg.get(&key).is_some_and(|s| s.id == session.id);
+        if current {
+            reg.pending_owner.insert(conn_id.clone(), key.clone());
+        }
+        current
+    };
     {
         let mut st = session.lock();
-        let same = !st.drain_sent
+        let same = registered
+            && !st.drain_sent
             && st.state == State::Active
-            && st.control.as_ref().is_some_and(|c| c.sock_id == sock_id && !c.tx.is_closed())
-            && cell.registry().get(&key).is_some_and(|s| s.id == session.id);
-        if !same {
-            return Err(Some((close::WRONG_CELL, REJECTED)));
-        }
-        if st.load() >= limits::PER_HOST_CONNECTIONS {
-            return Err(Some((close::LIMIT_EXCEEDED, REJECTED)));
+            && st.control.as_ref().is_some_and(|c| c.sock_id == sock_id && !c.tx.is_closed());
+        let full = st.load() >= limits::PER_HOST_CONNECTIONS;
+        if !same || full {
+            drop(st);
+            cell.registry().pending_owner.remove(&conn_id);
+            return Err(Some(if same {
+                (close::LIMIT_EXCEEDED, REJECTED)
+            } else {
+                (close::WRONG_CELL, REJECTED)
+            }));
         }
         st.pending.insert(
             conn_id.clone(),
@@ -262,7 +279,6 @@ async fn admit(
                 tx,
             },
         );
-        cell.registry().pending_owner.insert(conn_id.clone(), key.clone());
         held.conn_id = Some(conn_id.clone());
         cell.with_ledger(|l| l.bind(&conn_id));
         if let Some(c) = &st.control {
@@ -276,6 +292,7 @@ async fn admit(
     cell.counts.pending.fetch_add(1, Ordering::Relaxed);
     let waited = wait_attach(cell, ws, &session, &conn_id, &mut rx, &mut stash).await;
     cell.counts.pending.fetch_sub(1, Ordering::Relaxed);
+    cell.registry().pending_owner.remove(&conn_id);
     let leg = match waited {
         Waited::Data(leg) => leg,
         Waited::Reject(code, r) => return Err(Some((code, r))),
@@ -284,8 +301,7 @@ async fn admit(
             return Err(None);
         }
     };
-    attach(cell, ws, held, &session, &key, conn_id, &resolved, kind, lease, reserved_at, *leg, stash).await;
-    Ok(())
+    Ok(attach(cell, ws, held, &session, &key, conn_id, &resolved, kind, lease, reserved_at, *leg, stash).await)
 }
 
 /// Step-5 rejection: 4404 `relay connection rejected`, or `signed-out` when remembered (§5.3).
@@ -375,7 +391,7 @@ async fn attach(
     reserved_at: i64,
     leg: DataLeg,
     stash: Option<Message>,
-) {
+) -> Option<SpliceJob> {
     let DataLeg { ws: mut host, guard } = leg;
     let db = &cell.ctx.db;
     let splice_activity = format!("splice:{conn_id}");
@@ -427,17 +443,18 @@ async fn attach(
             reject(phone, close::LIMIT_EXCEEDED, REJECTED),
             ws::close(&mut host, close::LIMIT_EXCEEDED, reason::BASIS_PERSISTENCE_FAILED)
         );
-        return;
+        return None;
     }
     // Step 5 re-check, then step 6: install forwarding (the kill switch) before relay-hello.
-    let (kill_tx, mut kill_rx) = oneshot::channel();
+    let (kill_tx, kill_rx) = oneshot::channel();
+    let registered = cell.registry().get(key).is_some_and(|s| s.id == session.id);
     let ok = {
         let mut st = session.lock();
-        let ok = !drain_sent
+        let ok = registered
+            && !drain_sent
             && !st.drain_sent
             && st.state != State::Closed
-            && st.active.contains_key(&conn_id)
-            && cell.registry().get(key).is_some_and(|s| s.id == session.id);
+            && st.active.contains_key(&conn_id);
         if ok {
             st.active.insert(conn_id.clone(), Some(kill_tx));
         } else {
@@ -457,7 +474,7 @@ async fn attach(
             reject(phone, close::DRAINING, REJECTED),
             ws::close(&mut host, close::DRAINING, reason::HOST_RETIRED_DURING_ATTACHMENT)
         );
-        return;
+        return None;
     }
     // Step 7.
     let hello = match resolved {
@@ -490,17 +507,60 @@ async fn attach(
         "orca_relay_client_accept_completed",
         json!({"host": logging::digest(&key.relay_host_id), "kind": kind}),
     );
+    Some(SpliceJob {
+        host,
+        guard,
+        kill_rx,
+        session: session.clone(),
+        key: key.clone(),
+        conn_id,
+        splice_activity,
+        credential_activity,
+        stash: if sent { stash } else { None },
+        phone_gone: !sent,
+    })
+}
+
+/// Everything a running splice owns. It runs in a task of its own so the (larger) admission
+/// future of the phone task is freed: an idle splice costs its two sockets and little more.
+pub struct SpliceJob {
+    host: Ws,
+    guard: ConnGuard,
+    kill_rx: oneshot::Receiver<(u16, &'static str)>,
+    session: Arc<Session>,
+    key: HostKey,
+    conn_id: String,
+    splice_activity: String,
+    credential_activity: Option<String>,
+    stash: Option<Message>,
+    phone_gone: bool,
+}
+
+/// §8: forward until either side ends, then tear down (idempotent, both sides the same code).
+pub async fn run_splice(cell: Arc<Cell>, mut phone: Ws, phone_guard: ConnGuard, job: SpliceJob) {
+    let SpliceJob {
+        mut host,
+        guard,
+        mut kill_rx,
+        session,
+        key,
+        conn_id,
+        splice_activity,
+        credential_activity,
+        stash,
+        phone_gone,
+    } = job;
     cell.counts.splices.fetch_add(1, Ordering::Relaxed);
     cell.ctx.metrics.splices_active.inc();
-    let (end, stats) = if !sent {
+    let (end, stats) = if phone_gone {
         (splice::End::Dropped(splice::Side::Phone), splice::Stats::default())
     } else {
         if let Some(m) = stash {
             let _ = host.send(m).await;
         }
-        splice::run(phone, &mut host, &mut kill_rx, cell.splice_limits, &cell.budget).await
+        splice::run(&mut phone, &mut host, &mut kill_rx, cell.splice_limits, &cell.budget).await
     };
-    splice::close_pair(phone, &mut host, &end).await;
+    Box::pin(splice::close_pair(&mut phone, &mut host, &end)).await;
     cell.counts.splices.fetch_sub(1, Ordering::Relaxed);
     cell.ctx.metrics.splices_active.dec();
     let m = &cell.ctx.metrics;
@@ -515,13 +575,13 @@ async fn attach(
             json!({"host": logging::digest(&key.relay_host_id), "code": pc, "reason": pr}),
         );
     }
-    remove_active(session);
-    let _ = creds::deactivate_basis(db, &conn_id).await;
-    cell.release_activity(key, splice_activity);
+    session.lock().active.remove(&conn_id);
+    let _ = creds::deactivate_basis(&cell.ctx.db, &conn_id).await;
+    cell.release_activity(&key, splice_activity);
     if let Some(a) = credential_activity {
-        cell.release_activity(key, a);
+        cell.release_activity(&key, a);
     }
-    drop(guard);
+    drop((guard, phone_guard));
 }
 
 /// The host data leg (§6) up to the hand-over to its phone.
