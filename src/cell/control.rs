@@ -376,7 +376,7 @@ async fn control_loop(
         tokio::select! {
             m = ws.next() => match m {
                 Some(Ok(Message::Text(t))) => {
-                    if let Err((code, r)) = on_text(cell, session, sock_id, t.as_str()).await {
+                    if let Err((code, r)) = Box::pin(on_text(cell, session, sock_id, t.as_str())).await {
                         ws::close(ws, code, r).await;
                         return None;
                     }

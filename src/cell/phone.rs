@@ -556,32 +556,36 @@ pub async fn run_splice(cell: Arc<Cell>, mut phone: Ws, phone_guard: ConnGuard, 
         (splice::End::Dropped(splice::Side::Phone), splice::Stats::default())
     } else {
         if let Some(m) = stash {
-            let _ = host.send(m).await;
+            let _ = Box::pin(host.send(m)).await;
         }
         splice::run(&mut phone, &mut host, &mut kill_rx, cell.splice_limits, &cell.budget).await
     };
-    Box::pin(splice::close_pair(&mut phone, &mut host, &end)).await;
-    cell.counts.splices.fetch_sub(1, Ordering::Relaxed);
-    cell.ctx.metrics.splices_active.dec();
-    let m = &cell.ctx.metrics;
-    m.splice_frames.with_label_values(&["to_host"]).inc_by(stats.frames_to_host);
-    m.splice_frames.with_label_values(&["to_phone"]).inc_by(stats.frames_to_phone);
-    m.splice_bytes.with_label_values(&["to_host"]).inc_by(stats.bytes_to_host);
-    m.splice_bytes.with_label_values(&["to_phone"]).inc_by(stats.bytes_to_phone);
-    if end.is_abnormal() {
-        let ((pc, pr), _) = end.closes();
-        logging::event_warn(
-            "orca_relay_splice_closed",
-            json!({"host": logging::digest(&key.relay_host_id), "code": pc, "reason": pr}),
-        );
-    }
-    session.lock().active.remove(&conn_id);
-    let _ = creds::deactivate_basis(&cell.ctx.db, &conn_id).await;
-    cell.release_activity(&key, splice_activity);
-    if let Some(a) = credential_activity {
-        cell.release_activity(&key, a);
-    }
-    drop((guard, phone_guard));
+    // Boxed: the teardown's store futures are not part of the idle splice's resident state.
+    Box::pin(async move {
+        splice::close_pair(&mut phone, &mut host, &end).await;
+        cell.counts.splices.fetch_sub(1, Ordering::Relaxed);
+        cell.ctx.metrics.splices_active.dec();
+        let m = &cell.ctx.metrics;
+        m.splice_frames.with_label_values(&["to_host"]).inc_by(stats.frames_to_host);
+        m.splice_frames.with_label_values(&["to_phone"]).inc_by(stats.frames_to_phone);
+        m.splice_bytes.with_label_values(&["to_host"]).inc_by(stats.bytes_to_host);
+        m.splice_bytes.with_label_values(&["to_phone"]).inc_by(stats.bytes_to_phone);
+        if end.is_abnormal() {
+            let ((pc, pr), _) = end.closes();
+            logging::event_warn(
+                "orca_relay_splice_closed",
+                json!({"host": logging::digest(&key.relay_host_id), "code": pc, "reason": pr}),
+            );
+        }
+        session.lock().active.remove(&conn_id);
+        let _ = creds::deactivate_basis(&cell.ctx.db, &conn_id).await;
+        cell.release_activity(&key, splice_activity);
+        if let Some(a) = credential_activity {
+            cell.release_activity(&key, a);
+        }
+        drop((guard, phone_guard));
+    })
+    .await;
 }
 
 /// The host data leg (§6) up to the hand-over to its phone.
