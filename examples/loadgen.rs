@@ -15,9 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use orca_relay::cell::testkit::{self, ClientWs, Hello, HostControl, HostIdentity, Pair};
+use orca_relay::cell::testkit::{self, ClientWs, HostControl, HostIdentity, Hello, Pair};
 use serde_json::json;
 use tokio::sync::Semaphore;
 use tokio_tungstenite::tungstenite::Message;
@@ -80,30 +79,32 @@ fn rss_kib(pid: u32) -> Option<u64> {
         .ok()
 }
 
+/// utime + stime of a process, in seconds (clock ticks of 100 Hz).
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
+}
+
 static SOURCE: AtomicU64 = AtomicU64::new(1);
 
 /// A distinct client source per pair (the server trusts one proxy hop).
 fn source_header() -> Vec<(&'static str, String)> {
     let n = SOURCE.fetch_add(1, Ordering::Relaxed);
-    vec![(
-        "x-forwarded-for",
-        format!("10.{}.{}.{}", (n >> 16) & 255, (n >> 8) & 255, n & 255),
-    )]
+    vec![("x-forwarded-for", format!("10.{}.{}.{}", (n >> 16) & 255, (n >> 8) & 255, n & 255))]
 }
 
 /// Keeps a host's control alive: answers pings until the socket closes.
 fn keep_alive(mut c: HostControl) {
-    tokio::spawn(async move { while c.recv(Duration::from_secs(3600)).await.is_ok() {} });
+    tokio::spawn(async move {
+        while c.recv(Duration::from_secs(3600)).await.is_ok() {}
+    });
 }
 
 /// Sets up `hosts` hosts with `per_host` phones each; returns the pairs.
-async fn setup(
-    a: &Arc<Args>,
-    tag: &str,
-    hosts: usize,
-    per_host: usize,
-    concurrency: usize,
-) -> Vec<Pair> {
+async fn setup(a: &Arc<Args>, tag: &str, hosts: usize, per_host: usize, concurrency: usize) -> Vec<Pair> {
     let profile = a.public_url.clone().unwrap_or_else(|| a.url.clone());
     let sem = Arc::new(Semaphore::new(concurrency));
     let mut tasks = Vec::new();
@@ -137,19 +138,10 @@ async fn setup(
                 .expect("control");
             let mut pairs = Vec::new();
             for p in 0..per_host {
-                let invite = c
-                    .create_invite(&format!("r{p}"), &format!("d{p}"))
+                let invite = c.create_invite(&format!("r{p}"), &format!("d{p}")).await.expect("invite");
+                let pair = testkit::pair_phone(&cell_url, &mut c, &id.relay_host_id, &invite, &source_header())
                     .await
-                    .expect("invite");
-                let pair = testkit::pair_phone(
-                    &cell_url,
-                    &mut c,
-                    &id.relay_host_id,
-                    &invite,
-                    &source_header(),
-                )
-                .await
-                .expect("pair");
+                    .expect("pair");
                 pairs.push(pair);
             }
             keep_alive(c);
@@ -163,55 +155,119 @@ async fn setup(
     out
 }
 
-/// Drives one pair: `inflight` frames outstanding in each direction, both sockets in one task.
-async fn drive(
-    mut phone: ClientWs,
-    mut data: ClientWs,
-    payload: Bytes,
-    inflight: usize,
-    stop: Instant,
-    up: Arc<AtomicU64>,
-    down: Arc<AtomicU64>,
-) -> (ClientWs, ClientWs) {
-    let (mut up_out, mut down_out) = (0usize, 0usize);
-    let (mut n_up, mut n_down) = (0u64, 0u64);
-    loop {
-        let sending = Instant::now() < stop;
-        if sending {
-            if up_out < inflight {
-                while up_out < inflight {
-                    phone.feed(Message::Binary(payload.clone())).await.unwrap();
-                    up_out += 1;
-                }
-                phone.flush().await.unwrap();
-            }
-            if down_out < inflight {
-                while down_out < inflight {
-                    data.feed(Message::Binary(payload.clone())).await.unwrap();
-                    down_out += 1;
-                }
-                data.flush().await.unwrap();
-            }
-        } else if up_out == 0 && down_out == 0 {
-            break;
+/// One client→server frame: binary, masked (fixed mask: the server must unmask any key).
+fn masked_frame(size: usize) -> Vec<u8> {
+    let mut f = vec![0x82u8];
+    match size {
+        0..=125 => f.push(0x80 | size as u8),
+        126..=65535 => {
+            f.push(0x80 | 126);
+            f.extend_from_slice(&(size as u16).to_be_bytes());
         }
-        tokio::select! {
-            m = data.next() => { if matches!(m, Some(Ok(Message::Binary(_)))) { up_out -= 1; n_up += 1; } else { break } }
-            m = phone.next() => { if matches!(m, Some(Ok(Message::Binary(_)))) { down_out -= 1; n_down += 1; } else { break } }
+        _ => {
+            f.push(0x80 | 127);
+            f.extend_from_slice(&(size as u64).to_be_bytes());
         }
     }
-    up.fetch_add(n_up, Ordering::Relaxed);
-    down.fetch_add(n_down, Ordering::Relaxed);
-    (phone, data)
+    let mask = [0x37u8, 0xfa, 0x21, 0x3d];
+    f.extend_from_slice(&mask);
+    f.extend((0..size).map(|i| 0xa5 ^ mask[i % 4]));
+    f
 }
 
-async fn throughput(
-    pairs: Vec<Pair>,
-    size: usize,
-    inflight: usize,
-    seconds: u64,
-) -> (serde_json::Value, Vec<Pair>) {
-    let payload = Bytes::from(vec![0xa5u8; size]);
+/// Length of one server→client frame of `size` payload bytes (unmasked).
+fn server_frame_len(size: usize) -> usize {
+    size + match size {
+        0..=125 => 2,
+        126..=65535 => 4,
+        _ => 10,
+    }
+}
+
+/// One direction of a raw driver: batch writes of pre-encoded frames, arrivals counted by bytes.
+struct RawDir {
+    out: usize,
+    write_pos: usize,
+    write_end: usize,
+    acc: usize,
+    frames: u64,
+}
+
+/// Drives one pair on the raw TCP streams under the WebSockets (at a frame boundary): up to
+/// `inflight` frames outstanding per direction, windows refilled in batches. The generator stays
+/// cheap (no per-frame parsing or masking), so the server is what gets measured.
+async fn drive(phone: ClientWs, data: ClientWs, size: usize, inflight: usize, stop: Instant, up: Arc<AtomicU64>, down: Arc<AtomicU64>) -> (ClientWs, ClientWs) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_tungstenite::MaybeTlsStream;
+    let (MaybeTlsStream::Plain(mut p), MaybeTlsStream::Plain(mut d)) = (phone.into_inner(), data.into_inner()) else {
+        panic!("plain TCP only");
+    };
+    let frame = masked_frame(size);
+    let batch: Vec<u8> = frame.iter().copied().cycle().take(frame.len() * inflight).collect();
+    let in_len = server_frame_len(size);
+    let refill_at = inflight.saturating_sub((inflight / 4).max(1));
+    let new_dir = || RawDir { out: 0, write_pos: 0, write_end: 0, acc: 0, frames: 0 };
+    let (mut u, mut w) = (new_dir(), new_dir()); // u: phone→host, w: host→phone
+    let mut bp = vec![0u8; 64 * 1024];
+    let mut bd = vec![0u8; 64 * 1024];
+    let mut check = 0u32;
+    let mut sending = true;
+    loop {
+        check += 1;
+        if check % 64 == 0 {
+            sending = Instant::now() < stop;
+        }
+        for dir in [&mut u, &mut w] {
+            if sending && dir.write_pos == dir.write_end && dir.out <= refill_at {
+                let n = inflight - dir.out;
+                dir.out = inflight;
+                dir.write_pos = 0;
+                dir.write_end = n * frame.len();
+            }
+        }
+        if !sending && u.out == 0 && w.out == 0 && u.write_pos == u.write_end && w.write_pos == w.write_end {
+            break;
+        }
+        let (uw, ww) = (u.write_pos < u.write_end, w.write_pos < w.write_end);
+        let (p_r, p_w) = p.split();
+        let (d_r, d_w) = d.split();
+        let (mut p_r, mut p_w, mut d_r, mut d_w) = (p_r, p_w, d_r, d_w);
+        tokio::select! {
+            r = p_w.write(&batch[u.write_pos..u.write_end]), if uw => u.write_pos += r.expect("phone write"),
+            r = d_w.write(&batch[w.write_pos..w.write_end]), if ww => w.write_pos += r.expect("data write"),
+            r = d_r.read(&mut bd) => {
+                let n = r.expect("data read");
+                assert!(n > 0, "data leg closed");
+                u.acc += n;
+                let k = u.acc / in_len;
+                u.acc %= in_len;
+                u.out -= k;
+                u.frames += k as u64;
+            }
+            r = p_r.read(&mut bp) => {
+                let n = r.expect("phone read");
+                assert!(n > 0, "phone closed");
+                w.acc += n;
+                let k = w.acc / in_len;
+                w.acc %= in_len;
+                w.out -= k;
+                w.frames += k as u64;
+            }
+        }
+    }
+    let _ = (p.flush().await, d.flush().await);
+    up.fetch_add(u.frames, Ordering::Relaxed);
+    down.fetch_add(w.frames, Ordering::Relaxed);
+    let cfg = Some(testkit::client_config());
+    let role = tokio_tungstenite::tungstenite::protocol::Role::Client;
+    (
+        tokio_tungstenite::WebSocketStream::from_raw_socket(MaybeTlsStream::Plain(p), role, cfg).await,
+        tokio_tungstenite::WebSocketStream::from_raw_socket(MaybeTlsStream::Plain(d), role, cfg).await,
+    )
+}
+
+async fn throughput(pairs: Vec<Pair>, size: usize, inflight: usize, seconds: u64, pid: Option<u32>) -> (serde_json::Value, Vec<Pair>) {
+    let cpu0 = pid.and_then(cpu_seconds);
     let up = Arc::new(AtomicU64::new(0));
     let down = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -220,31 +276,24 @@ async fn throughput(
     let mut meta = Vec::new();
     for p in pairs {
         meta.push((p.hello, p.conn_id));
-        tasks.push(tokio::spawn(drive(
-            p.phone,
-            p.data,
-            payload.clone(),
-            inflight,
-            stop,
-            up.clone(),
-            down.clone(),
-        )));
+        tasks.push(tokio::spawn(drive(p.phone, p.data, size, inflight, stop, up.clone(), down.clone())));
     }
     let mut back = Vec::new();
     for (t, (hello, conn_id)) in tasks.into_iter().zip(meta) {
         let (phone, data) = t.await.unwrap();
-        back.push(Pair {
-            phone,
-            data,
-            hello,
-            conn_id,
-        });
+        back.push(Pair { phone, data, hello, conn_id });
     }
     let secs = started.elapsed().as_secs_f64();
     let (u, d) = (up.load(Ordering::Relaxed), down.load(Ordering::Relaxed));
     let fps = (u + d) as f64 / secs;
+    let server_cpu = match (cpu0, pid.and_then(cpu_seconds)) {
+        (Some(a), Some(b)) => b - a,
+        _ => 0.0,
+    };
     (
         json!({
+            "serverCpuSeconds": server_cpu,
+            "framesPerServerCpuSecond": if server_cpu > 0.0 { ((u + d) as f64 / server_cpu).round() } else { 0.0 },
             "frameBytes": size,
             "seconds": (secs * 100.0).round() / 100.0,
             "framesPhoneToHost": u,
@@ -298,12 +347,7 @@ async fn latency(pairs: Vec<Pair>, rate: u64, seconds: u64) -> serde_json::Value
         all.extend(t.await.unwrap());
     }
     all.sort_unstable();
-    let pct = |p: f64| {
-        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or(0) as f64
-            / 1000.0
-    };
+    let pct = |p: f64| all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1))).copied().unwrap_or(0) as f64 / 1000.0;
     json!({"ratePerPairAndDirection": rate, "samples": all.len(), "p50Micros": pct(0.50), "p99Micros": pct(0.99)})
 }
 
@@ -315,10 +359,10 @@ async fn main() {
     let pairs = setup(&a, "tp", a.pairs, 1, 32).await;
     report.insert("pairs".into(), json!(pairs.len()));
     report.insert("setupSeconds".into(), json!(t.elapsed().as_secs_f64()));
-    let (small, pairs) = throughput(pairs, 64, a.inflight, a.seconds).await;
+    let (small, pairs) = throughput(pairs, 64, a.inflight, a.seconds, a.server_pid).await;
     eprintln!("64 B: {small}");
     report.insert("throughput64B".into(), small);
-    let (large, pairs) = throughput(pairs, 16 * 1024, a.inflight, a.seconds).await;
+    let (large, pairs) = throughput(pairs, 16 * 1024, a.inflight, a.seconds, a.server_pid).await;
     eprintln!("16 KiB: {large}");
     report.insert("throughput16KiB".into(), large);
     let lat = latency(pairs, a.latency_rate, a.seconds.min(10)).await;

@@ -50,7 +50,8 @@ pub async fn run(
         user_id: claims.sub.clone(),
         relay_host_id: claims.relay_host_id.clone(),
     };
-    let handshake = handshake(&cell, &mut ws, &key, &claims, &caps, watermark).await;
+    // Boxed: the handshake state is freed before the long-lived control loop runs.
+    let handshake = Box::pin(handshake(&cell, &mut ws, &key, &claims, &caps, watermark)).await;
     let (session, sock_id, rx) = match handshake {
         Ok(x) => x,
         Err(Fail::Close(code, r)) => {
@@ -467,7 +468,7 @@ async fn control_loop(
         tokio::select! {
             m = ws.next() => match m {
                 Some(Ok(Message::Text(t))) => {
-                    if let Err((code, r)) = on_text(cell, session, sock_id, t.as_str()).await {
+                    if let Err((code, r)) = Box::pin(on_text(cell, session, sock_id, t.as_str())).await {
                         ws::close(ws, code, r).await;
                         return None;
                     }

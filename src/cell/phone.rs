@@ -29,9 +29,7 @@ use crate::store::credentials::{self as creds, Resolved};
 /// A phone rejection: `relay-hello {ok:false, code}` then close with the same code.
 async fn reject(ws: &mut Ws, code: u16, r: &'static str) {
     let _ = ws
-        .send(Message::text(
-            json!({"type":"relay-hello","ok":false,"code":code}).to_string(),
-        ))
+        .send(Message::text(json!({"type":"relay-hello","ok":false,"code":code}).to_string()))
         .await;
     ws::close(ws, code, r).await;
 }
@@ -51,12 +49,9 @@ impl Held {
     /// Fails the reservation, releases the activity and the ledger unit.
     async fn undo(&mut self) {
         if let Some((hash, rid)) = self.invite.take() {
-            if let Ok(Some(offer)) =
-                creds::fail_invite(&self.cell.ctx.db, &hash, &rid, now_ms()).await
-            {
+            if let Ok(Some(offer)) = creds::fail_invite(&self.cell.ctx.db, &hash, &rid, now_ms()).await {
                 if let Some(k) = &self.key {
-                    self.cell
-                        .release_activity(k, format!("invite-offer:{offer}"));
+                    self.cell.release_activity(k, format!("invite-offer:{offer}"));
                 }
             }
         }
@@ -98,13 +93,7 @@ fn abandoned(key: &HostKey, stage: &str, started: i64) {
     );
 }
 
-pub async fn run_phone(
-    cell: Arc<Cell>,
-    mut ws: Ws,
-    guard: ConnGuard,
-    relay_host_id: String,
-    source: String,
-) {
+pub async fn run_phone(cell: Arc<Cell>, mut ws: Ws, guard: ConnGuard, relay_host_id: String, source: String) {
     let first = ws::first_frame(&mut ws, Duration::from_millis(limits::FIRST_FRAME_MS)).await;
     cell.preauth().leave(&source);
     let mut held = Held {
@@ -119,21 +108,11 @@ pub async fn run_phone(
         First::Text(t) => t,
         First::Binary => {
             held.release_unit();
-            return ws::close(
-                &mut ws,
-                close::BAD_OUTER_CREDENTIAL,
-                reason::FIRST_FRAME_MUST_BE_TEXT,
-            )
-            .await;
+            return ws::close(&mut ws, close::BAD_OUTER_CREDENTIAL, reason::FIRST_FRAME_MUST_BE_TEXT).await;
         }
         First::Timeout => {
             held.release_unit();
-            return ws::close(
-                &mut ws,
-                close::BAD_OUTER_CREDENTIAL,
-                reason::FIRST_FRAME_TIMEOUT,
-            )
-            .await;
+            return ws::close(&mut ws, close::BAD_OUTER_CREDENTIAL, reason::FIRST_FRAME_TIMEOUT).await;
         }
         First::Oversize => {
             held.release_unit();
@@ -147,15 +126,14 @@ pub async fn run_phone(
     };
     let Some(auth) = auth else {
         held.release_unit();
-        return reject(
-            &mut ws,
-            close::BAD_OUTER_CREDENTIAL,
-            reason::INVALID_RELAY_AUTH,
-        )
-        .await;
+        return reject(&mut ws, close::BAD_OUTER_CREDENTIAL, reason::INVALID_RELAY_AUTH).await;
     };
     match admit(&cell, &mut ws, &mut held, &relay_host_id, &auth.credential).await {
-        Ok(()) => {}
+        Ok(Some(job)) => {
+            tokio::spawn(run_splice(cell.clone(), ws, guard, job));
+            return;
+        }
+        Ok(None) => {}
         Err(Some((code, r))) => {
             held.undo().await;
             reject(&mut ws, code, r).await;
@@ -175,7 +153,7 @@ async fn admit(
     held: &mut Held,
     relay_host_id: &str,
     credential: &str,
-) -> Result<(), Option<(u16, &'static str)>> {
+) -> Result<Option<SpliceJob>, Option<(u16, &'static str)>> {
     let started = now_ms();
     let db = &cell.ctx.db;
     let unavailable = Some((close::LIMIT_EXCEEDED, reason::RELAY_TEMPORARILY_UNAVAILABLE));
@@ -231,11 +209,7 @@ async fn admit(
         if st.drain_sent {
             return Err(Some((close::DRAINING, REJECTED)));
         }
-        let Some(c) = st
-            .control
-            .as_ref()
-            .filter(|_| st.state == State::Active && st.control_open())
-        else {
+        let Some(c) = st.control.as_ref().filter(|_| st.state == State::Active && st.control_open()) else {
             drop(st);
             return Err(Some(offline(cell, &key)));
         };
@@ -257,17 +231,9 @@ async fn admit(
     } else {
         ActivityKind::Confirmation
     };
-    if store::acquire_activity(
-        db,
-        &key,
-        &activity,
-        activity_kind,
-        &cell.ctx.config.cell_id,
-        None,
-        now_ms(),
-    )
-    .await
-    .is_err()
+    if store::acquire_activity(db, &key, &activity, activity_kind, &cell.ctx.config.cell_id, None, now_ms())
+        .await
+        .is_err()
     {
         return Err(Some((close::LIMIT_EXCEEDED, REJECTED)));
     }
@@ -279,23 +245,30 @@ async fn admit(
     // Steps 8, 9.
     let ticket = crypto::random_b64u32();
     let (tx, mut rx) = oneshot::channel();
+    // Lock order: registry before session, never the registry while a session is locked.
+    let registered = {
+        let mut reg = cell.registry();
+        let current = reg.get(&key).is_some_and(|s| s.id == session.id);
+        if current {
+            reg.pending_owner.insert(conn_id.clone(), key.clone());
+        }
+        current
+    };
     {
         let mut st = session.lock();
-        let same = !st.drain_sent
+        let same = registered
+            && !st.drain_sent
             && st.state == State::Active
-            && st
-                .control
-                .as_ref()
-                .is_some_and(|c| c.sock_id == sock_id && !c.tx.is_closed())
-            && cell
-                .registry()
-                .get(&key)
-                .is_some_and(|s| s.id == session.id);
-        if !same {
-            return Err(Some((close::WRONG_CELL, REJECTED)));
-        }
-        if st.load() >= limits::PER_HOST_CONNECTIONS {
-            return Err(Some((close::LIMIT_EXCEEDED, REJECTED)));
+            && st.control.as_ref().is_some_and(|c| c.sock_id == sock_id && !c.tx.is_closed());
+        let full = st.load() >= limits::PER_HOST_CONNECTIONS;
+        if !same || full {
+            drop(st);
+            cell.registry().pending_owner.remove(&conn_id);
+            return Err(Some(if same {
+                (close::LIMIT_EXCEEDED, REJECTED)
+            } else {
+                (close::WRONG_CELL, REJECTED)
+            }));
         }
         st.pending.insert(
             conn_id.clone(),
@@ -306,9 +279,6 @@ async fn admit(
                 tx,
             },
         );
-        cell.registry()
-            .pending_owner
-            .insert(conn_id.clone(), key.clone());
         held.conn_id = Some(conn_id.clone());
         cell.with_ledger(|l| l.bind(&conn_id));
         if let Some(c) = &st.control {
@@ -322,6 +292,7 @@ async fn admit(
     cell.counts.pending.fetch_add(1, Ordering::Relaxed);
     let waited = wait_attach(cell, ws, &session, &conn_id, &mut rx, &mut stash).await;
     cell.counts.pending.fetch_sub(1, Ordering::Relaxed);
+    cell.registry().pending_owner.remove(&conn_id);
     let leg = match waited {
         Waited::Data(leg) => leg,
         Waited::Reject(code, r) => return Err(Some((code, r))),
@@ -330,22 +301,7 @@ async fn admit(
             return Err(None);
         }
     };
-    attach(
-        cell,
-        ws,
-        held,
-        &session,
-        &key,
-        conn_id,
-        &resolved,
-        kind,
-        lease,
-        reserved_at,
-        *leg,
-        stash,
-    )
-    .await;
-    Ok(())
+    Ok(attach(cell, ws, held, &session, &key, conn_id, &resolved, kind, lease, reserved_at, *leg, stash).await)
 }
 
 /// Step-5 rejection: 4404 `relay connection rejected`, or `signed-out` when remembered (§5.3).
@@ -357,11 +313,7 @@ fn offline(cell: &Cell, key: &HostKey) -> (u16, &'static str) {
         .is_signed_out(key, now_ms());
     (
         close::HOST_OFFLINE,
-        if signed_out {
-            reason::SIGNED_OUT
-        } else {
-            REJECTED
-        },
+        if signed_out { reason::SIGNED_OUT } else { REJECTED },
     )
 }
 
@@ -439,11 +391,8 @@ async fn attach(
     reserved_at: i64,
     leg: DataLeg,
     stash: Option<Message>,
-) {
-    let DataLeg {
-        ws: mut host,
-        guard,
-    } = leg;
+) -> Option<SpliceJob> {
+    let DataLeg { ws: mut host, guard } = leg;
     let db = &cell.ctx.db;
     let splice_activity = format!("splice:{conn_id}");
     let now = now_ms();
@@ -476,17 +425,9 @@ async fn attach(
         },
     };
     let persisted = async {
-        store::acquire_activity(
-            db,
-            key,
-            &splice_activity,
-            ActivityKind::Splice,
-            &cell.ctx.config.cell_id,
-            None,
-            now,
-        )
-        .await
-        .map_err(|_| ())?;
+        store::acquire_activity(db, key, &splice_activity, ActivityKind::Splice, &cell.ctx.config.cell_id, None, now)
+            .await
+            .map_err(|_| ())?;
         creds::persist_basis(db, &basis, now).await.map_err(|_| ())
     }
     .await;
@@ -500,23 +441,20 @@ async fn attach(
         held.undo().await;
         tokio::join!(
             reject(phone, close::LIMIT_EXCEEDED, REJECTED),
-            ws::close(
-                &mut host,
-                close::LIMIT_EXCEEDED,
-                reason::BASIS_PERSISTENCE_FAILED
-            )
+            ws::close(&mut host, close::LIMIT_EXCEEDED, reason::BASIS_PERSISTENCE_FAILED)
         );
-        return;
+        return None;
     }
     // Step 5 re-check, then step 6: install forwarding (the kill switch) before relay-hello.
-    let (kill_tx, mut kill_rx) = oneshot::channel();
+    let (kill_tx, kill_rx) = oneshot::channel();
+    let registered = cell.registry().get(key).is_some_and(|s| s.id == session.id);
     let ok = {
         let mut st = session.lock();
-        let ok = !drain_sent
+        let ok = registered
+            && !drain_sent
             && !st.drain_sent
             && st.state != State::Closed
-            && st.active.contains_key(&conn_id)
-            && cell.registry().get(key).is_some_and(|s| s.id == session.id);
+            && st.active.contains_key(&conn_id);
         if ok {
             st.active.insert(conn_id.clone(), Some(kill_tx));
         } else {
@@ -534,13 +472,9 @@ async fn attach(
         held.undo().await;
         tokio::join!(
             reject(phone, close::DRAINING, REJECTED),
-            ws::close(
-                &mut host,
-                close::DRAINING,
-                reason::HOST_RETIRED_DURING_ATTACHMENT
-            )
+            ws::close(&mut host, close::DRAINING, reason::HOST_RETIRED_DURING_ATTACHMENT)
         );
-        return;
+        return None;
     }
     // Step 7.
     let hello = match resolved {
@@ -573,80 +507,97 @@ async fn attach(
         "orca_relay_client_accept_completed",
         json!({"host": logging::digest(&key.relay_host_id), "kind": kind}),
     );
+    Some(SpliceJob {
+        host,
+        guard,
+        kill_rx,
+        session: session.clone(),
+        key: key.clone(),
+        conn_id,
+        splice_activity,
+        credential_activity,
+        stash: if sent { stash } else { None },
+        phone_gone: !sent,
+    })
+}
+
+/// Everything a running splice owns. It runs in a task of its own so the (larger) admission
+/// future of the phone task is freed: an idle splice costs its two sockets and little more.
+pub struct SpliceJob {
+    host: Ws,
+    guard: ConnGuard,
+    kill_rx: oneshot::Receiver<(u16, &'static str)>,
+    session: Arc<Session>,
+    key: HostKey,
+    conn_id: String,
+    splice_activity: String,
+    credential_activity: Option<String>,
+    stash: Option<Message>,
+    phone_gone: bool,
+}
+
+/// §8: forward until either side ends, then tear down (idempotent, both sides the same code).
+pub async fn run_splice(cell: Arc<Cell>, mut phone: Ws, phone_guard: ConnGuard, job: SpliceJob) {
+    let SpliceJob {
+        mut host,
+        guard,
+        mut kill_rx,
+        session,
+        key,
+        conn_id,
+        splice_activity,
+        credential_activity,
+        stash,
+        phone_gone,
+    } = job;
     cell.counts.splices.fetch_add(1, Ordering::Relaxed);
     cell.ctx.metrics.splices_active.inc();
-    let (end, stats) = if !sent {
-        (
-            splice::End::Dropped(splice::Side::Phone),
-            splice::Stats::default(),
-        )
+    let (end, stats) = if phone_gone {
+        (splice::End::Dropped(splice::Side::Phone), splice::Stats::default())
     } else {
         if let Some(m) = stash {
-            let _ = host.send(m).await;
+            let _ = Box::pin(host.send(m)).await;
         }
-        splice::run(
-            phone,
-            &mut host,
-            &mut kill_rx,
-            cell.splice_limits,
-            &cell.budget,
-        )
-        .await
+        splice::run(&mut phone, &mut host, &mut kill_rx, cell.splice_limits, &cell.budget).await
     };
-    splice::close_pair(phone, &mut host, &end).await;
-    cell.counts.splices.fetch_sub(1, Ordering::Relaxed);
-    cell.ctx.metrics.splices_active.dec();
-    let m = &cell.ctx.metrics;
-    m.splice_frames
-        .with_label_values(&["to_host"])
-        .inc_by(stats.frames_to_host);
-    m.splice_frames
-        .with_label_values(&["to_phone"])
-        .inc_by(stats.frames_to_phone);
-    m.splice_bytes
-        .with_label_values(&["to_host"])
-        .inc_by(stats.bytes_to_host);
-    m.splice_bytes
-        .with_label_values(&["to_phone"])
-        .inc_by(stats.bytes_to_phone);
-    if end.is_abnormal() {
-        let ((pc, pr), _) = end.closes();
-        logging::event_warn(
-            "orca_relay_splice_closed",
-            json!({"host": logging::digest(&key.relay_host_id), "code": pc, "reason": pr}),
-        );
-    }
-    remove_active(session);
-    let _ = creds::deactivate_basis(db, &conn_id).await;
-    cell.release_activity(key, splice_activity);
-    if let Some(a) = credential_activity {
-        cell.release_activity(key, a);
-    }
-    drop(guard);
+    // Boxed: the teardown's store futures are not part of the idle splice's resident state.
+    Box::pin(async move {
+        splice::close_pair(&mut phone, &mut host, &end).await;
+        cell.counts.splices.fetch_sub(1, Ordering::Relaxed);
+        cell.ctx.metrics.splices_active.dec();
+        let m = &cell.ctx.metrics;
+        m.splice_frames.with_label_values(&["to_host"]).inc_by(stats.frames_to_host);
+        m.splice_frames.with_label_values(&["to_phone"]).inc_by(stats.frames_to_phone);
+        m.splice_bytes.with_label_values(&["to_host"]).inc_by(stats.bytes_to_host);
+        m.splice_bytes.with_label_values(&["to_phone"]).inc_by(stats.bytes_to_phone);
+        if end.is_abnormal() {
+            let ((pc, pr), _) = end.closes();
+            logging::event_warn(
+                "orca_relay_splice_closed",
+                json!({"host": logging::digest(&key.relay_host_id), "code": pc, "reason": pr}),
+            );
+        }
+        session.lock().active.remove(&conn_id);
+        let _ = creds::deactivate_basis(&cell.ctx.db, &conn_id).await;
+        cell.release_activity(&key, splice_activity);
+        if let Some(a) = credential_activity {
+            cell.release_activity(&key, a);
+        }
+        drop((guard, phone_guard));
+    })
+    .await;
 }
 
 /// The host data leg (§6) up to the hand-over to its phone.
-pub async fn run_data(
-    cell: Arc<Cell>,
-    mut ws: Ws,
-    guard: ConnGuard,
-    conn_id: String,
-    source: String,
-) {
+pub async fn run_data(cell: Arc<Cell>, mut ws: Ws, guard: ConnGuard, conn_id: String, source: String) {
     let first = ws::first_frame(&mut ws, Duration::from_millis(limits::FIRST_FRAME_MS)).await;
     cell.preauth().leave(&source);
     let restore = |cell: &Cell| cell.with_ledger(|l| l.restore_bound(&conn_id));
     let fail = |code, r| (code, r);
     let outcome = match first {
         First::Text(t) => Ok(t),
-        First::Binary => Err(fail(
-            close::BAD_OUTER_CREDENTIAL,
-            reason::FIRST_FRAME_MUST_BE_TEXT,
-        )),
-        First::Timeout => Err(fail(
-            close::BAD_OUTER_CREDENTIAL,
-            reason::FIRST_FRAME_TIMEOUT,
-        )),
+        First::Binary => Err(fail(close::BAD_OUTER_CREDENTIAL, reason::FIRST_FRAME_MUST_BE_TEXT)),
+        First::Timeout => Err(fail(close::BAD_OUTER_CREDENTIAL, reason::FIRST_FRAME_TIMEOUT)),
         First::Oversize => Err(fail(close::MESSAGE_TOO_BIG, "message too big")),
         First::Gone => {
             restore(&cell);
@@ -666,21 +617,15 @@ pub async fn run_data(
     };
     let Some(auth) = auth else {
         restore(&cell);
-        return ws::close(
-            &mut ws,
-            close::BAD_OUTER_CREDENTIAL,
-            reason::INVALID_HOST_DATA_AUTH,
-        )
-        .await;
+        return ws::close(&mut ws, close::BAD_OUTER_CREDENTIAL, reason::INVALID_HOST_DATA_AUTH).await;
     };
-    let bad_ticket = (
-        close::BAD_OUTER_CREDENTIAL,
-        reason::INVALID_HOST_DATA_TICKET,
-    );
+    let bad_ticket = (close::BAD_OUTER_CREDENTIAL, reason::INVALID_HOST_DATA_TICKET);
     // Step 1.
     let owner = {
         let reg = cell.registry();
-        reg.pending_owner.get(&conn_id).and_then(|k| reg.get(k))
+        reg.pending_owner
+            .get(&conn_id)
+            .and_then(|k| reg.get(k))
     };
     let Some(session) = owner else {
         restore(&cell);
@@ -711,18 +656,10 @@ pub async fn run_data(
         return ws::close(&mut ws, bad_ticket.0, bad_ticket.1).await;
     };
     cell.registry().pending_owner.remove(&conn_id);
-    if let Err(Attach::Data(leg)) = pending
-        .tx
-        .send(Attach::Data(Box::new(DataLeg { ws, guard })))
-    {
+    if let Err(Attach::Data(leg)) = pending.tx.send(Attach::Data(Box::new(DataLeg { ws, guard }))) {
         // The phone went away at the same moment.
         session.lock().active.remove(&conn_id);
         let mut leg = leg;
-        ws::close(
-            &mut leg.ws,
-            close::PEER_DROPPED,
-            reason::PEER_CONNECTION_DROPPED,
-        )
-        .await;
+        ws::close(&mut leg.ws, close::PEER_DROPPED, reason::PEER_CONNECTION_DROPPED).await;
     }
 }

@@ -25,7 +25,7 @@ pub type Ws = WebSocketStream<TokioIo<Upgraded>>;
 
 /// Bytes tungstenite reads per `read` call (its buffer is allocated per socket and zero-filled
 /// before every read, so this is both the idle cost and the per-read cost).
-pub const READ_BUFFER: usize = 4 * 1024;
+pub const READ_BUFFER: usize = 2 * 1024;
 /// Frames accumulate in tungstenite's out buffer up to this size before a write to the kernel
 /// (the splice flushes explicitly when its inbound side is momentarily empty).
 pub const WRITE_BUFFER: usize = 32 * 1024;
