@@ -562,7 +562,13 @@ pub async fn run_splice(cell: Arc<Cell>, mut phone: Ws, phone_guard: ConnGuard, 
     };
     // Boxed: the teardown's store futures are not part of the idle splice's resident state.
     Box::pin(async move {
-        splice::close_pair(&mut phone, &mut host, &end).await;
+        // The splice is over as soon as one side left: its basis stops authorizing confirmations
+        // now, not after the closing handshakes (which may wait up to 1 s for a silent peer).
+        session.lock().active.remove(&conn_id);
+        let (_, _) = tokio::join!(
+            splice::close_pair(&mut phone, &mut host, &end),
+            creds::deactivate_basis(&cell.ctx.db, &conn_id)
+        );
         cell.counts.splices.fetch_sub(1, Ordering::Relaxed);
         cell.ctx.metrics.splices_active.dec();
         let m = &cell.ctx.metrics;
@@ -577,8 +583,6 @@ pub async fn run_splice(cell: Arc<Cell>, mut phone: Ws, phone_guard: ConnGuard, 
                 json!({"host": logging::digest(&key.relay_host_id), "code": pc, "reason": pr}),
             );
         }
-        session.lock().active.remove(&conn_id);
-        let _ = creds::deactivate_basis(&cell.ctx.db, &conn_id).await;
         cell.release_activity(&key, splice_activity);
         if let Some(a) = credential_activity {
             cell.release_activity(&key, a);
