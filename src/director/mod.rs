@@ -5,6 +5,7 @@
 //! placement, assignments, migrations}`; this module and `routes` are the glue.
 
 pub mod admin;
+pub mod connect_redirect;
 pub mod heartbeat;
 pub mod heartbeat_client;
 pub mod host_token;
@@ -43,6 +44,8 @@ pub struct Director {
     pub rejects: Arc<RejectLog>,
     /// `/v1/regions` cache (30 s, single-flight).
     pub(crate) regions_cache: tokio::sync::Mutex<Option<(std::time::Instant, serde_json::Value)>>,
+    /// Pre-auth admission of the invite redirect's phone sockets.
+    pub redirect_admission: connect_redirect::RedirectAdmission,
     stop: CancellationToken,
     sweeps: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -78,6 +81,7 @@ impl Director {
             resolve_lane: Lane::new("resolve", resolve_cfg, false),
             rejects: RejectLog::new(),
             regions_cache: tokio::sync::Mutex::new(None),
+            redirect_admission: Default::default(),
             stop: CancellationToken::new(),
             sweeps: Mutex::new(None),
             ctx,
@@ -183,13 +187,10 @@ impl Director {
     /// protocol.md §5.5.
     pub async fn connect_redirect(
         self: &Arc<Self>,
-        _req: http::Request<hyper::body::Incoming>,
-        _peer: std::net::SocketAddr,
+        req: http::Request<hyper::body::Incoming>,
+        peer: std::net::SocketAddr,
     ) -> Response {
-        crate::http::error(
-            http::StatusCode::NOT_FOUND,
-            crate::contract::errors::CELL_ONLY,
-        )
+        connect_redirect::handle(self, req, peer).await
     }
 
     /// Stops background loops (sweeps, workers) at shutdown.
