@@ -552,6 +552,10 @@ pub async fn run_splice(cell: Arc<Cell>, mut phone: Ws, phone_guard: ConnGuard, 
     } = job;
     cell.counts.splices.fetch_add(1, Ordering::Relaxed);
     cell.ctx.metrics.splices_active.inc();
+    // Take over both sockets' write wakers: the admission task registered its own when it sent
+    // `relay-hello`, and a waker keeps that task's (larger) allocation alive for the whole splice.
+    let _ = phone.flush().await;
+    let _ = host.flush().await;
     let (end, stats) = if phone_gone {
         (splice::End::Dropped(splice::Side::Phone), splice::Stats::default())
     } else {
