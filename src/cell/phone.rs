@@ -566,7 +566,17 @@ pub async fn run_splice(cell: Arc<Cell>, mut phone: Ws, phone_guard: ConnGuard, 
     };
     // Boxed: the teardown's store futures are not part of the idle splice's resident state.
     Box::pin(async move {
-        splice::close_pair(&mut phone, &mut host, &end).await;
+        // The close handshakes (up to 1 s each) run alongside the bookkeeping, so the basis is
+        // inactive and the activities released as soon as the splice ends.
+        let bookkeeping = async {
+            session.lock().active.remove(&conn_id);
+            let _ = creds::deactivate_basis(&cell.ctx.db, &conn_id).await;
+            cell.release_activity(&key, splice_activity);
+            if let Some(a) = credential_activity {
+                cell.release_activity(&key, a);
+            }
+        };
+        tokio::join!(splice::close_pair(&mut phone, &mut host, &end), bookkeeping);
         cell.counts.splices.fetch_sub(1, Ordering::Relaxed);
         cell.ctx.metrics.splices_active.dec();
         let m = &cell.ctx.metrics;
@@ -580,12 +590,6 @@ pub async fn run_splice(cell: Arc<Cell>, mut phone: Ws, phone_guard: ConnGuard, 
                 "orca_relay_splice_closed",
                 json!({"host": logging::digest(&key.relay_host_id), "code": pc, "reason": pr}),
             );
-        }
-        session.lock().active.remove(&conn_id);
-        let _ = creds::deactivate_basis(&cell.ctx.db, &conn_id).await;
-        cell.release_activity(&key, splice_activity);
-        if let Some(a) = credential_activity {
-            cell.release_activity(&key, a);
         }
         drop((guard, phone_guard));
     })
