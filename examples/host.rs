@@ -9,24 +9,40 @@
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use orca_relay::cell::testkit::{self, HostIdentity, Hello};
+use orca_relay::cell::testkit::{self, Hello, HostIdentity};
 use tokio_tungstenite::tungstenite::Message;
 
 #[tokio::main]
 async fn main() {
     let mut argv = std::env::args().skip(1);
-    let url = argv.next().unwrap_or_else(|| "http://127.0.0.1:8080".into());
+    let url = argv
+        .next()
+        .unwrap_or_else(|| "http://127.0.0.1:8080".into());
     let signing = argv
         .next()
         .or_else(|| std::env::var("ORCA_RELAY_ASSIGNMENT_SIGNING_KEY").ok())
         .expect("signing key (argument or ORCA_RELAY_ASSIGNMENT_SIGNING_KEY)");
     let host = HostIdentity::generate("self-hosted");
     let token = host.token(&signing, &url);
-    let (cell_url, epoch) = testkit::assign(&url, &token, &host.relay_host_id).await.expect("assign");
-    let hello = Hello { epoch, capabilities: vec!["pending-conn-details".into()], ..Hello::default() };
-    let mut control = testkit::connect_control(&cell_url, &host, &token, &url, &hello).await.expect("control handshake");
-    eprintln!("host {} online at {cell_url}, generation {}", host.relay_host_id, control.generation);
-    let invite = control.create_invite("example-1", "example-phone").await.expect("invite");
+    let (cell_url, epoch) = testkit::assign(&url, &token, &host.relay_host_id)
+        .await
+        .expect("assign");
+    let hello = Hello {
+        epoch,
+        capabilities: vec!["pending-conn-details".into()],
+        ..Hello::default()
+    };
+    let mut control = testkit::connect_control(&cell_url, &host, &token, &url, &hello)
+        .await
+        .expect("control handshake");
+    eprintln!(
+        "host {} online at {cell_url}, generation {}",
+        host.relay_host_id, control.generation
+    );
+    let invite = control
+        .create_invite("example-1", "example-phone")
+        .await
+        .expect("invite");
     println!("{} {} {}", cell_url, host.relay_host_id, invite);
     loop {
         let frame = match control.recv(Duration::from_secs(3600)).await {
@@ -40,7 +56,9 @@ async fn main() {
             eprintln!("control: {frame}");
             continue;
         }
-        let mut data = testkit::connect_data(&cell_url, &frame, control.generation, &[]).await.expect("data leg");
+        let mut data = testkit::connect_data(&cell_url, &frame, control.generation, &[])
+            .await
+            .expect("data leg");
         eprintln!("phone attached: {}", frame["connId"]);
         tokio::spawn(async move {
             while let Some(Ok(m)) = data.next().await {

@@ -18,13 +18,21 @@ async fn main() {
         eprintln!("usage: phone <cellUrl> <relayHostId> <inviteToken> [message…]");
         std::process::exit(2);
     };
-    let mut ws = testkit::connect_phone(cell_url, relay_host_id, invite, &[]).await.expect("dial");
-    let hello = testkit::recv_json(&mut ws, Duration::from_secs(15)).await.expect("relay-hello");
+    let mut ws = testkit::connect_phone(cell_url, relay_host_id, invite, &[])
+        .await
+        .expect("dial");
+    let hello = testkit::recv_json(&mut ws, Duration::from_secs(15))
+        .await
+        .expect("relay-hello");
     println!("{hello}");
     if hello["ok"] != true {
         std::process::exit(1);
     }
-    let messages: Vec<String> = if rest.is_empty() { vec!["hello from the phone".into()] } else { rest.to_vec() };
+    let messages: Vec<String> = if rest.is_empty() {
+        vec!["hello from the phone".into()]
+    } else {
+        rest.to_vec()
+    };
     for m in &messages {
         ws.send(Message::text(m.clone())).await.expect("send");
         match ws.next().await {
@@ -35,7 +43,9 @@ async fn main() {
             }
         }
     }
-    ws.send(Message::binary(vec![0u8, 0xff, 0x10])).await.expect("send");
+    ws.send(Message::binary(vec![0u8, 0xff, 0x10]))
+        .await
+        .expect("send");
     if let Some(Ok(Message::Binary(b))) = ws.next().await {
         println!("binary echo {:02x?}", &b[..]);
     }

@@ -16,7 +16,9 @@ async fn install_resume_confirm_rotate_revoke() {
         let host = Host::assigned(&s, "creds").await;
         let mut c = host.connect(&s).await;
         let invite = c.create_invite("r1", "d1").await.unwrap();
-        let p = testkit::pair_phone(&s.cell_url, &mut c, &host.id.relay_host_id, &invite, &[]).await.unwrap();
+        let p = testkit::pair_phone(&s.cell_url, &mut c, &host.id.relay_host_id, &invite, &[])
+            .await
+            .unwrap();
         // P-17: relay-basis install.
         let r1 = random_b64u32();
         let install = json!({"type":"device-credential-install","v":1,"reqId":"i1","relayDeviceId":"d1",
@@ -40,14 +42,27 @@ async fn install_resume_confirm_rotate_revoke() {
         expected.as_object_mut().unwrap().remove("type");
         assert_eq!(st["result"], expected);
         c.send(json!({"type":"device-credential-install-status","v":1,"reqId":"i9","relayDeviceId":"d1"})).await;
-        assert_eq!(c.recv(SEC * 5).await.unwrap(), json!({"type":"device-credential-install-status-result","v":1,"reqId":"i9","state":"not-found"}));
-        let mut consumed = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &invite, &[]).await.unwrap();
-        assert_eq!(recv_json(&mut consumed, SEC * 5).await.unwrap()["code"], 4409);
+        assert_eq!(
+            c.recv(SEC * 5).await.unwrap(),
+            json!({"type":"device-credential-install-status-result","v":1,"reqId":"i9","state":"not-found"})
+        );
+        let mut consumed =
+            testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &invite, &[])
+                .await
+                .unwrap();
+        assert_eq!(
+            recv_json(&mut consumed, SEC * 5).await.unwrap()["code"],
+            4409
+        );
         // P-18: resume with R1.
-        let mut phone = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &r1, &[]).await.unwrap();
+        let mut phone = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &r1, &[])
+            .await
+            .unwrap();
         let open = c.recv(SEC * 5).await.unwrap();
         assert_eq!(open["kind"], "resume");
-        let _data = testkit::connect_data(&s.cell_url, &open, c.generation, &[]).await.unwrap();
+        let _data = testkit::connect_data(&s.cell_url, &open, c.generation, &[])
+            .await
+            .unwrap();
         let hello = recv_json(&mut phone, SEC * 5).await.unwrap();
         assert_eq!(hello["ok"], true);
         assert_eq!(hello["credentialKind"], "resume");
@@ -57,25 +72,38 @@ async fn install_resume_confirm_rotate_revoke() {
         assert!(hello.get("graceExpiresAt").is_none());
         // P-19: confirm within 30 s; repeat identical; another basis → mismatch.
         let basis = open["connId"].as_str().unwrap().to_owned();
-        c.send(json!({"type":"device-resume-confirm","v":1,"reqId":"c1","basisConnId":basis})).await;
+        c.send(json!({"type":"device-resume-confirm","v":1,"reqId":"c1","basisConnId":basis}))
+            .await;
         let conf = c.recv(SEC * 5).await.unwrap();
         assert_eq!(conf["type"], "device-resume-confirmed");
         assert_eq!(conf["currentVersion"], 1);
         assert_eq!(conf["acceptedAs"], "current");
         assert_eq!(conf["renewed"], true);
-        c.send(json!({"type":"device-resume-confirm","v":1,"reqId":"c1","basisConnId":basis})).await;
+        c.send(json!({"type":"device-resume-confirm","v":1,"reqId":"c1","basisConnId":basis}))
+            .await;
         assert_eq!(c.recv(SEC * 5).await.unwrap(), conf);
-        c.send(json!({"type":"device-resume-confirm","v":1,"reqId":"c1","basisConnId":"other"})).await;
-        assert_eq!(c.recv(SEC * 5).await.unwrap()["code"], "confirmation_tuple_mismatch");
+        c.send(json!({"type":"device-resume-confirm","v":1,"reqId":"c1","basisConnId":"other"}))
+            .await;
+        assert_eq!(
+            c.recv(SEC * 5).await.unwrap()["code"],
+            "confirmation_tuple_mismatch"
+        );
         drop(phone);
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        c.send(json!({"type":"device-resume-confirm","v":1,"reqId":"c2","basisConnId":basis})).await;
-        assert_eq!(c.recv(SEC * 5).await.unwrap()["code"], "confirmation_not_active");
+        c.send(json!({"type":"device-resume-confirm","v":1,"reqId":"c2","basisConnId":basis}))
+            .await;
+        assert_eq!(
+            c.recv(SEC * 5).await.unwrap()["code"],
+            "confirmation_not_active"
+        );
         // P-20: authenticated-direct install rotates R1 into grace.
         let r2 = random_b64u32();
         c.send(json!({"type":"device-credential-install","v":1,"reqId":"i2","relayDeviceId":"d1","newResumeTokenHash":token_hash(&r2),
             "expectedCurrentHash": token_hash(&random_b64u32()), "authorization":{"mode":"authenticated-direct","directAuthId":"x0"}})).await;
-        assert_eq!(c.recv(SEC * 5).await.unwrap()["code"], "current_hash_mismatch");
+        assert_eq!(
+            c.recv(SEC * 5).await.unwrap()["code"],
+            "current_hash_mismatch"
+        );
         c.send(json!({"type":"device-credential-install","v":1,"reqId":"i3","relayDeviceId":"d1","newResumeTokenHash":token_hash(&r2),
             "expectedCurrentHash": token_hash(&r1), "authorization":{"mode":"authenticated-direct","directAuthId":"x1"}})).await;
         let rot = c.recv(SEC * 5).await.unwrap();
@@ -84,23 +112,42 @@ async fn install_resume_confirm_rotate_revoke() {
         assert!((rot["graceExpiresAt"].as_i64().unwrap() - (now + 86_400_000)).abs() < 10_000);
         c.send(json!({"type":"device-credential-install","v":1,"reqId":"i4","relayDeviceId":"d1","newResumeTokenHash":token_hash(&r2),
             "authorization":{"mode":"relay-basis","basisConnId":"unknown"}})).await;
-        assert_eq!(c.recv(SEC * 5).await.unwrap()["code"], "invalid_relay_basis");
-        let mut phone = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &r1, &[]).await.unwrap();
+        assert_eq!(
+            c.recv(SEC * 5).await.unwrap()["code"],
+            "invalid_relay_basis"
+        );
+        let mut phone = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &r1, &[])
+            .await
+            .unwrap();
         let open = c.recv(SEC * 5).await.unwrap();
-        let _data = testkit::connect_data(&s.cell_url, &open, c.generation, &[]).await.unwrap();
+        let _data = testkit::connect_data(&s.cell_url, &open, c.generation, &[])
+            .await
+            .unwrap();
         let hello = recv_json(&mut phone, SEC * 5).await.unwrap();
         assert_eq!(hello["acceptedAs"], "grace");
         assert_eq!(hello["acceptedCredentialVersion"], 1);
         assert!(hello["graceExpiresAt"].as_i64().is_some());
-        c.send(json!({"type":"device-resume-confirm","v":1,"reqId":"c3","basisConnId":open["connId"]})).await;
+        c.send(
+            json!({"type":"device-resume-confirm","v":1,"reqId":"c3","basisConnId":open["connId"]}),
+        )
+        .await;
         let g = c.recv(SEC * 5).await.unwrap();
         assert_eq!(g["renewed"], false);
         assert_eq!(g["acceptedAs"], "grace");
         // P-21: revoke → resume with R2 → 4409.
-        c.send(json!({"type":"device-revoke","reqId":"v1","relayDeviceId":"d1"})).await;
-        assert_eq!(c.recv(SEC * 5).await.unwrap(), json!({"type":"device-revoked","reqId":"v1"}));
-        let mut revoked = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &r2, &[]).await.unwrap();
-        assert_eq!(recv_json(&mut revoked, SEC * 5).await.unwrap()["code"], 4409);
+        c.send(json!({"type":"device-revoke","reqId":"v1","relayDeviceId":"d1"}))
+            .await;
+        assert_eq!(
+            c.recv(SEC * 5).await.unwrap(),
+            json!({"type":"device-revoked","reqId":"v1"})
+        );
+        let mut revoked = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &r2, &[])
+            .await
+            .unwrap();
+        assert_eq!(
+            recv_json(&mut revoked, SEC * 5).await.unwrap()["code"],
+            4409
+        );
         assert_eq!(recv_close(&mut revoked, SEC * 2).await.0, 4409);
         s.running.shutdown().await;
     }

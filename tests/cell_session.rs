@@ -20,30 +20,51 @@ async fn rebind_keeps_splices_new_generation_replaces() {
         let host = Host::assigned(&s, "rebind").await;
         let mut c1 = host.connect(&s).await;
         let invite = c1.create_invite("r1", "d1").await.unwrap();
-        let mut p = testkit::pair_phone(&s.cell_url, &mut c1, &host.id.relay_host_id, &invite, &[]).await.unwrap();
+        let mut p = testkit::pair_phone(&s.cell_url, &mut c1, &host.id.relay_host_id, &invite, &[])
+            .await
+            .unwrap();
         // P-30: drop the control TCP, reconnect with the secret.
         let secret = c1.secret.clone();
         drop(c1);
         tokio::time::sleep(Duration::from_millis(200)).await;
-        let hello = Hello { resume_secret: Some(secret.clone()), previous_generation: Some(1), ..host.hello() };
+        let hello = Hello {
+            resume_secret: Some(secret.clone()),
+            previous_generation: Some(1),
+            ..host.hello()
+        };
         let mut c2 = host.connect_with(&s, &hello).await.expect("rebind");
         assert_eq!(c2.generation, 1);
         assert_eq!(c2.secret, secret);
         assert!(c2.resumed, "resumeRequested = 1");
         assert_eq!(c2.ack["activeConnIds"], json!([p.conn_id]));
         p.phone.send(Message::text("after rebind")).await.unwrap();
-        assert_eq!(p.data.next().await.unwrap().unwrap(), Message::text("after rebind"));
+        assert_eq!(
+            p.data.next().await.unwrap().unwrap(),
+            Message::text("after rebind")
+        );
         // Rebinding while the old control is open closes it 4408 control rebound.
         let mut c3 = host.connect_with(&s, &hello).await.expect("second rebind");
-        assert_eq!(recv_close(&mut c2.ws, SEC * 5).await, (4408, "control rebound".into()));
+        assert_eq!(
+            recv_close(&mut c2.ws, SEC * 5).await,
+            (4408, "control rebound".into())
+        );
         assert_eq!(c3.generation, 1);
         // P-35: a pending phone shows in pendingConns; details only with the capability.
         let inv2 = c3.create_invite("r2", "d2").await.unwrap();
-        let mut pending_phone = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &inv2, &[]).await.unwrap();
+        let mut pending_phone =
+            testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &inv2, &[])
+                .await
+                .unwrap();
         let open = c3.recv(SEC * 5).await.unwrap();
         let plain = host.connect_with(&s, &hello).await.unwrap();
-        assert_eq!(plain.ack["pendingConns"], json!([{"connId": open["connId"], "connTicket": open["connTicket"]}]));
-        let detailed = Hello { capabilities: vec!["pending-conn-details".into()], ..hello.clone() };
+        assert_eq!(
+            plain.ack["pendingConns"],
+            json!([{"connId": open["connId"], "connTicket": open["connTicket"]}])
+        );
+        let detailed = Hello {
+            capabilities: vec!["pending-conn-details".into()],
+            ..hello.clone()
+        };
         let mut c4 = host.connect_with(&s, &detailed).await.unwrap();
         assert_eq!(
             c4.ack["pendingConns"],
@@ -53,10 +74,22 @@ async fn rebind_keeps_splices_new_generation_replaces() {
         let c5 = host.connect(&s).await;
         assert_eq!(c5.generation, 2);
         assert_ne!(c5.secret, secret);
-        assert_eq!(recv_close(&mut c4.ws, SEC * 5).await, (4408, "replaced by a newer generation".into()));
-        assert_eq!(recv_close(&mut p.phone, SEC * 5).await, (4408, "peer connection dropped".into()));
-        assert_eq!(recv_close(&mut p.data, SEC * 5).await, (4408, "peer connection dropped".into()));
-        assert_eq!(recv_json(&mut pending_phone, SEC * 5).await.unwrap(), json!({"type":"relay-hello","ok":false,"code":4408}));
+        assert_eq!(
+            recv_close(&mut c4.ws, SEC * 5).await,
+            (4408, "replaced by a newer generation".into())
+        );
+        assert_eq!(
+            recv_close(&mut p.phone, SEC * 5).await,
+            (4408, "peer connection dropped".into())
+        );
+        assert_eq!(
+            recv_close(&mut p.data, SEC * 5).await,
+            (4408, "peer connection dropped".into())
+        );
+        assert_eq!(
+            recv_json(&mut pending_phone, SEC * 5).await.unwrap(),
+            json!({"type":"relay-hello","ok":false,"code":4408})
+        );
         assert_eq!(recv_close(&mut pending_phone, SEC * 2).await.0, 4408);
         s.running.shutdown().await;
     }
@@ -69,17 +102,32 @@ async fn auth_refresh_identity_rules() {
         let host = Host::assigned(&s, "refresh").await;
         let mut c = host.connect(&s).await;
         // Valid refresh → no reply; invalid payload ignored.
-        c.send(json!({"type":"auth-refresh","relayJwt": host.id.token(SIGNING, &s.public_url)})).await;
+        c.send(json!({"type":"auth-refresh","relayJwt": host.id.token(SIGNING, &s.public_url)}))
+            .await;
         c.send(json!({"type":"auth-refresh"})).await;
         c.send(json!({"type":"nope"})).await;
-        assert_eq!(c.recv(SEC * 5).await.unwrap()["code"], "unknown_control_message");
+        assert_eq!(
+            c.recv(SEC * 5).await.unwrap()["code"],
+            "unknown_control_message"
+        );
         // P-33: another sub → 4401 refresh identity changed.
-        let other = orca_relay::cell::testkit::HostIdentity { user_id: "someone-else".into(), ..host.id.clone() };
-        c.send(json!({"type":"auth-refresh","relayJwt": other.token(SIGNING, &s.public_url)})).await;
-        assert_eq!(recv_close(&mut c.ws, SEC * 5).await, (4401, "refresh identity changed".into()));
+        let other = orca_relay::cell::testkit::HostIdentity {
+            user_id: "someone-else".into(),
+            ..host.id.clone()
+        };
+        c.send(json!({"type":"auth-refresh","relayJwt": other.token(SIGNING, &s.public_url)}))
+            .await;
+        assert_eq!(
+            recv_close(&mut c.ws, SEC * 5).await,
+            (4401, "refresh identity changed".into())
+        );
         let mut c = host.connect(&s).await;
-        c.send(json!({"type":"auth-refresh","relayJwt": "not-a-jwt"})).await;
-        assert_eq!(recv_close(&mut c.ws, SEC * 5).await, (4401, "refresh identity changed".into()));
+        c.send(json!({"type":"auth-refresh","relayJwt": "not-a-jwt"}))
+            .await;
+        assert_eq!(
+            recv_close(&mut c.ws, SEC * 5).await,
+            (4401, "refresh identity changed".into())
+        );
         s.running.shutdown().await;
     }
 }
@@ -93,18 +141,32 @@ async fn attach_deadline_and_invite_cooldown() {
         let host = Host::assigned(&s, "deadline").await;
         let mut c = host.connect(&s).await;
         let invite = c.create_invite("r1", "d1").await.unwrap();
-        let mut phone = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &invite, &[]).await.unwrap();
+        let mut phone = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &invite, &[])
+            .await
+            .unwrap();
         let open = c.recv(SEC * 5).await.unwrap();
         assert_eq!(open["type"], "conn-open");
         let t = Instant::now();
-        assert_eq!(recv_json(&mut phone, SEC * 15).await.unwrap(), json!({"type":"relay-hello","ok":false,"code":4404}));
+        assert_eq!(
+            recv_json(&mut phone, SEC * 15).await.unwrap(),
+            json!({"type":"relay-hello","ok":false,"code":4404})
+        );
         let el = t.elapsed();
-        assert!(el >= Duration::from_millis(9_500) && el <= Duration::from_millis(10_750), "{el:?}");
-        assert_eq!(recv_close(&mut phone, SEC * 2).await, (4404, "relay connection rejected".into()));
-        let mut again = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &invite, &[]).await.unwrap();
+        assert!(
+            el >= Duration::from_millis(9_500) && el <= Duration::from_millis(10_750),
+            "{el:?}"
+        );
+        assert_eq!(
+            recv_close(&mut phone, SEC * 2).await,
+            (4404, "relay connection rejected".into())
+        );
+        let mut again = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &invite, &[])
+            .await
+            .unwrap();
         assert_eq!(recv_json(&mut again, SEC * 5).await.unwrap()["code"], 4401);
         tokio::time::sleep(Duration::from_millis(2_100)).await;
-        let p = testkit::pair_phone(&s.cell_url, &mut c, &host.id.relay_host_id, &invite, &[]).await;
+        let p =
+            testkit::pair_phone(&s.cell_url, &mut c, &host.id.relay_host_id, &invite, &[]).await;
         assert!(p.is_ok(), "{:?}", p.err());
         s.running.shutdown().await;
     }
@@ -119,23 +181,46 @@ async fn orphan_grace_closes_splices() {
     let mut c = host.connect(&s).await;
     let invite = c.create_invite("r1", "d1").await.unwrap();
     let inv2 = c.create_invite("r2", "d2").await.unwrap();
-    let mut p = testkit::pair_phone(&s.cell_url, &mut c, &host.id.relay_host_id, &invite, &[]).await.unwrap();
-    c.ws.close(Some(tokio_tungstenite::tungstenite::protocol::CloseFrame { code: 1000u16.into(), reason: "signed-out".into() })).await.unwrap();
+    let mut p = testkit::pair_phone(&s.cell_url, &mut c, &host.id.relay_host_id, &invite, &[])
+        .await
+        .unwrap();
+    c.ws.close(Some(tokio_tungstenite::tungstenite::protocol::CloseFrame {
+        code: 1000u16.into(),
+        reason: "signed-out".into(),
+    }))
+    .await
+    .unwrap();
     let t = Instant::now();
     // During the grace: the splice keeps forwarding, new phones get 4404 signed-out.
     p.phone.send(Message::text("still here")).await.unwrap();
-    assert_eq!(p.data.next().await.unwrap().unwrap(), Message::text("still here"));
-    let mut late = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &inv2, &[]).await.unwrap();
+    assert_eq!(
+        p.data.next().await.unwrap().unwrap(),
+        Message::text("still here")
+    );
+    let mut late = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &inv2, &[])
+        .await
+        .unwrap();
     assert_eq!(recv_json(&mut late, SEC * 5).await.unwrap()["code"], 4404);
-    assert_eq!(recv_close(&mut late, SEC * 2).await, (4404, "signed-out".into()));
-    assert_eq!(recv_close(&mut p.phone, SEC * 40).await, (4408, "peer connection dropped".into()));
+    assert_eq!(
+        recv_close(&mut late, SEC * 2).await,
+        (4404, "signed-out".into())
+    );
+    assert_eq!(
+        recv_close(&mut p.phone, SEC * 40).await,
+        (4408, "peer connection dropped".into())
+    );
     let el = t.elapsed();
-    assert!(el >= Duration::from_secs(29) && el <= Duration::from_secs(31) + Duration::from_millis(250), "{el:?}");
+    assert!(
+        el >= Duration::from_secs(29) && el <= Duration::from_secs(31) + Duration::from_millis(250),
+        "{el:?}"
+    );
     s.running.shutdown().await;
 }
 
 fn drain_req(s: &Server, body: serde_json::Value, bearer: Option<&str>) -> reqwest::RequestBuilder {
-    let r = reqwest::Client::new().post(format!("{}/v1/admin/drain", s.url)).json(&body);
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/admin/drain", s.url))
+        .json(&body);
     match bearer {
         Some(b) => r.bearer_auth(b),
         None => r,
@@ -151,25 +236,56 @@ async fn drain_tells_hosts_then_closes() {
         let mut c = host.connect(&s).await;
         let invite = c.create_invite("r1", "d1").await.unwrap();
         let inv2 = c.create_invite("r2", "d2").await.unwrap();
-        let mut p = testkit::pair_phone(&s.cell_url, &mut c, &host.id.relay_host_id, &invite, &[]).await.unwrap();
-        let r = drain_req(&s, json!({"v":1,"graceMs":2000}), None).send().await.unwrap();
+        let mut p = testkit::pair_phone(&s.cell_url, &mut c, &host.id.relay_host_id, &invite, &[])
+            .await
+            .unwrap();
+        let r = drain_req(&s, json!({"v":1,"graceMs":2000}), None)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 401);
-        let r = drain_req(&s, json!({"v":1,"graceMs":3600001}), Some(ADMIN)).send().await.unwrap();
+        let r = drain_req(&s, json!({"v":1,"graceMs":3600001}), Some(ADMIN))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 400);
         let t = Instant::now();
-        let r = drain_req(&s, json!({"v":1,"graceMs":2000}), Some(ADMIN)).send().await.unwrap();
+        let r = drain_req(&s, json!({"v":1,"graceMs":2000}), Some(ADMIN))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 200);
-        assert_eq!(r.json::<serde_json::Value>().await.unwrap(), json!({"ok":true,"paceWindowMs":0}));
-        assert_eq!(c.recv(SEC * 5).await.unwrap(), json!({"type":"drain","graceMs":2000,"recovery":"resolve-director"}));
-        let mut phone = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &inv2, &[]).await.unwrap();
+        assert_eq!(
+            r.json::<serde_json::Value>().await.unwrap(),
+            json!({"ok":true,"paceWindowMs":0})
+        );
+        assert_eq!(
+            c.recv(SEC * 5).await.unwrap(),
+            json!({"type":"drain","graceMs":2000,"recovery":"resolve-director"})
+        );
+        let mut phone = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &inv2, &[])
+            .await
+            .unwrap();
         assert_eq!(recv_json(&mut phone, SEC * 5).await.unwrap()["code"], 4503);
         let r = host.connect_with(&s, &host.hello()).await;
         assert_eq!(r.err(), Some((4503, "relay draining".into())));
-        assert_eq!(recv_close(&mut p.phone, SEC * 5).await, (4503, "relay draining".into()));
+        assert_eq!(
+            recv_close(&mut p.phone, SEC * 5).await,
+            (4503, "relay draining".into())
+        );
         let el = t.elapsed();
-        assert!(el >= Duration::from_millis(1_500) && el <= Duration::from_millis(2_750), "{el:?}");
-        assert_eq!(recv_close(&mut p.data, SEC * 5).await, (4503, "relay draining".into()));
-        assert_eq!(recv_close(&mut c.ws, SEC * 5).await, (4503, "resolve configured director".into()));
+        assert!(
+            el >= Duration::from_millis(1_500) && el <= Duration::from_millis(2_750),
+            "{el:?}"
+        );
+        assert_eq!(
+            recv_close(&mut p.data, SEC * 5).await,
+            (4503, "relay draining".into())
+        );
+        assert_eq!(
+            recv_close(&mut c.ws, SEC * 5).await,
+            (4503, "resolve configured director".into())
+        );
         s.running.shutdown().await;
     }
 }
@@ -188,8 +304,18 @@ async fn paced_drain() {
     }
     let invite = hosts[2].1.create_invite("r", "d").await.unwrap();
     let t = Instant::now();
-    let r = drain_req(&s, json!({"v":1,"graceMs":60000,"paceWindowMs":2000}), Some(ADMIN)).send().await.unwrap();
-    assert_eq!(r.json::<serde_json::Value>().await.unwrap(), json!({"ok":true,"paceWindowMs":2000}));
+    let r = drain_req(
+        &s,
+        json!({"v":1,"graceMs":60000,"paceWindowMs":2000}),
+        Some(ADMIN),
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap(),
+        json!({"ok":true,"paceWindowMs":2000})
+    );
     let d0 = hosts[0].1.recv(SEC * 5).await.unwrap();
     assert_eq!(d0["type"], "drain");
     assert!(t.elapsed() < Duration::from_millis(500));
@@ -199,10 +325,16 @@ async fn paced_drain() {
     assert!(p.is_ok(), "third host still ordinary: {:?}", p.err());
     assert_eq!(hosts[1].1.recv(SEC * 5).await.unwrap()["type"], "drain");
     let e1 = t.elapsed();
-    assert!(e1 >= Duration::from_millis(900) && e1 <= Duration::from_millis(1_500), "{e1:?}");
+    assert!(
+        e1 >= Duration::from_millis(900) && e1 <= Duration::from_millis(1_500),
+        "{e1:?}"
+    );
     assert_eq!(hosts[2].1.recv(SEC * 5).await.unwrap()["type"], "drain");
     let e2 = t.elapsed();
-    assert!(e2 >= Duration::from_millis(1_900) && e2 <= Duration::from_millis(2_500), "{e2:?}");
+    assert!(
+        e2 >= Duration::from_millis(1_900) && e2 <= Duration::from_millis(2_500),
+        "{e2:?}"
+    );
     s.running.shutdown().await;
 }
 
@@ -214,12 +346,23 @@ async fn shutdown_drains_with_grace_zero() {
     let host = Host::assigned(&s, "term").await;
     let mut c = host.connect(&s).await;
     let invite = c.create_invite("r1", "d1").await.unwrap();
-    let mut p = testkit::pair_phone(&s.cell_url, &mut c, &host.id.relay_host_id, &invite, &[]).await.unwrap();
+    let mut p = testkit::pair_phone(&s.cell_url, &mut c, &host.id.relay_host_id, &invite, &[])
+        .await
+        .unwrap();
     let t = Instant::now();
     let stop = tokio::spawn(s.running.shutdown());
-    assert_eq!(c.recv(SEC * 5).await.unwrap(), json!({"type":"drain","graceMs":0,"recovery":"resolve-director"}));
-    assert_eq!(recv_close(&mut p.phone, SEC * 5).await, (4503, "relay draining".into()));
-    assert_eq!(recv_close(&mut c.ws, SEC * 5).await, (4503, "resolve configured director".into()));
+    assert_eq!(
+        c.recv(SEC * 5).await.unwrap(),
+        json!({"type":"drain","graceMs":0,"recovery":"resolve-director"})
+    );
+    assert_eq!(
+        recv_close(&mut p.phone, SEC * 5).await,
+        (4503, "relay draining".into())
+    );
+    assert_eq!(
+        recv_close(&mut c.ws, SEC * 5).await,
+        (4503, "resolve configured director".into())
+    );
     stop.await.unwrap();
     assert!(t.elapsed() < Duration::from_secs(10));
 }

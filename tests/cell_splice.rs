@@ -32,11 +32,15 @@ async fn handshake_invite_and_splice() {
         assert_eq!(ack["pendingConns"], json!([]));
         assert_eq!(ack["controlResumeSecret"].as_str().unwrap().len(), 43);
         let lease = ack["leaseExpiresAt"].as_i64().unwrap();
-        assert!(lease >= before + 5 * 3_600_000 + 1_800_000 && lease <= before + 7 * 3_600_000 - 1_800_000 + 5_000);
+        assert!(
+            lease >= before + 5 * 3_600_000 + 1_800_000
+                && lease <= before + 7 * 3_600_000 - 1_800_000 + 5_000
+        );
         assert_eq!(ack.as_object().unwrap().len(), 7);
         assert!(!c.resumed);
         // P-11
-        c.send(json!({"type":"invite-create","reqId":"r1","relayDeviceId":"d1"})).await;
+        c.send(json!({"type":"invite-create","reqId":"r1","relayDeviceId":"d1"}))
+            .await;
         let created = c.recv(SEC * 5).await.unwrap();
         assert_eq!(created["type"], "invite-created");
         assert_eq!(created["reqId"], "r1");
@@ -47,7 +51,9 @@ async fn handshake_invite_and_splice() {
         let invite = created["inviteToken"].as_str().unwrap().to_owned();
         assert_eq!(created.as_object().unwrap().len(), 5);
         // P-13
-        let mut phone = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &invite, &[]).await.unwrap();
+        let mut phone = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &invite, &[])
+            .await
+            .unwrap();
         let open = c.recv(SEC * 5).await.unwrap();
         assert_eq!(open["type"], "conn-open");
         assert_eq!(open["kind"], "invite");
@@ -55,7 +61,9 @@ async fn handshake_invite_and_splice() {
         assert_eq!(open["attachDeadlineMs"], 10_000);
         assert_eq!(open["connTicket"].as_str().unwrap().len(), 43);
         assert_eq!(open.as_object().unwrap().len(), 6);
-        let mut data = testkit::connect_data(&s.cell_url, &open, 1, &[]).await.unwrap();
+        let mut data = testkit::connect_data(&s.cell_url, &open, 1, &[])
+            .await
+            .unwrap();
         let hello = recv_json(&mut phone, SEC * 5).await.unwrap();
         assert_eq!(hello["type"], "relay-hello");
         assert_eq!(hello["ok"], true);
@@ -65,36 +73,70 @@ async fn handshake_invite_and_splice() {
         // P-14
         phone.send(Message::text("hi")).await.unwrap();
         assert_eq!(data.next().await.unwrap().unwrap(), Message::text("hi"));
-        data.send(Message::binary(vec![0u8, 0xff, 0x10])).await.unwrap();
-        assert_eq!(phone.next().await.unwrap().unwrap(), Message::binary(vec![0u8, 0xff, 0x10]));
+        data.send(Message::binary(vec![0u8, 0xff, 0x10]))
+            .await
+            .unwrap();
+        assert_eq!(
+            phone.next().await.unwrap().unwrap(),
+            Message::binary(vec![0u8, 0xff, 0x10])
+        );
         for i in 0..100u32 {
-            let m = if i % 2 == 0 { Message::text(format!("m{i}")) } else { Message::binary(i.to_le_bytes().to_vec()) };
+            let m = if i % 2 == 0 {
+                Message::text(format!("m{i}"))
+            } else {
+                Message::binary(i.to_le_bytes().to_vec())
+            };
             phone.send(m.clone()).await.unwrap();
             data.send(m).await.unwrap();
         }
         for i in 0..100u32 {
-            let m = if i % 2 == 0 { Message::text(format!("m{i}")) } else { Message::binary(i.to_le_bytes().to_vec()) };
+            let m = if i % 2 == 0 {
+                Message::text(format!("m{i}"))
+            } else {
+                Message::binary(i.to_le_bytes().to_vec())
+            };
             assert_eq!(data.next().await.unwrap().unwrap(), m);
             assert_eq!(phone.next().await.unwrap().unwrap(), m);
         }
         // Nothing else arrives on either side.
-        assert!(tokio::time::timeout(Duration::from_millis(200), phone.next()).await.is_err());
-        assert!(tokio::time::timeout(Duration::from_millis(200), data.next()).await.is_err());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), phone.next())
+                .await
+                .is_err()
+        );
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), data.next())
+                .await
+                .is_err()
+        );
         // P-16: phone closes 1000 → data leg 4408 within 1 s.
         phone.close(None).await.unwrap();
         let t = Instant::now();
-        assert_eq!(recv_close(&mut data, SEC * 2).await, (4408, "peer connection dropped".into()));
+        assert_eq!(
+            recv_close(&mut data, SEC * 2).await,
+            (4408, "peer connection dropped".into())
+        );
         assert!(t.elapsed() < SEC);
         // And the reverse, with a second phone (P-11: a second invite for d1 voids the first).
         let invite2 = c.create_invite("r2", "d1").await.unwrap();
         let invite3 = c.create_invite("r3", "d1").await.unwrap();
-        let mut stale = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &invite2, &[]).await.unwrap();
-        assert_eq!(recv_json(&mut stale, SEC * 5).await.unwrap(), json!({"type":"relay-hello","ok":false,"code":4409}));
+        let mut stale = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &invite2, &[])
+            .await
+            .unwrap();
+        assert_eq!(
+            recv_json(&mut stale, SEC * 5).await.unwrap(),
+            json!({"type":"relay-hello","ok":false,"code":4409})
+        );
         assert_eq!(recv_close(&mut stale, SEC * 2).await.0, 4409);
-        let mut p = testkit::pair_phone(&s.cell_url, &mut c, &host.id.relay_host_id, &invite3, &[]).await.unwrap();
+        let mut p = testkit::pair_phone(&s.cell_url, &mut c, &host.id.relay_host_id, &invite3, &[])
+            .await
+            .unwrap();
         p.data.close(None).await.unwrap();
         let t = Instant::now();
-        assert_eq!(recv_close(&mut p.phone, SEC * 2).await, (4408, "peer connection dropped".into()));
+        assert_eq!(
+            recv_close(&mut p.phone, SEC * 2).await,
+            (4408, "peer connection dropped".into())
+        );
         assert!(t.elapsed() < SEC);
         s.running.shutdown().await;
     }
@@ -108,12 +150,16 @@ async fn ten_thousand_frames_each_way_byte_identical() {
         let host = Host::assigned(&s, "bulk").await;
         let mut c = host.connect(&s).await;
         let invite = c.create_invite("r1", "d1").await.unwrap();
-        let p = testkit::pair_phone(&s.cell_url, &mut c, &host.id.relay_host_id, &invite, &[]).await.unwrap();
+        let p = testkit::pair_phone(&s.cell_url, &mut c, &host.id.relay_host_id, &invite, &[])
+            .await
+            .unwrap();
         let (mut phone_tx, mut phone_rx) = p.phone.split();
         let (mut data_tx, mut data_rx) = p.data.split();
         fn frame(i: u32, dir: u8) -> Message {
             let len = (i as usize * 7919) % 3000;
-            let body: Vec<u8> = (0..len).map(|j| (j as u32 ^ i ^ dir as u32) as u8).collect();
+            let body: Vec<u8> = (0..len)
+                .map(|j| (j as u32 ^ i ^ dir as u32) as u8)
+                .collect();
             if i % 2 == 0 {
                 let text: String = body.iter().map(|b| (b'a' + b % 26) as char).collect();
                 Message::text(format!("{dir}:{i}:{text}"))
@@ -140,12 +186,20 @@ async fn ten_thousand_frames_each_way_byte_identical() {
         });
         let check_up = tokio::spawn(async move {
             for i in 0..N {
-                assert_eq!(data_rx.next().await.unwrap().unwrap(), frame(i, 1), "phone→host frame {i}");
+                assert_eq!(
+                    data_rx.next().await.unwrap().unwrap(),
+                    frame(i, 1),
+                    "phone→host frame {i}"
+                );
             }
         });
         let check_down = tokio::spawn(async move {
             for i in 0..N {
-                assert_eq!(phone_rx.next().await.unwrap().unwrap(), frame(i, 2), "host→phone frame {i}");
+                assert_eq!(
+                    phone_rx.next().await.unwrap().unwrap(),
+                    frame(i, 2),
+                    "host→phone frame {i}"
+                );
             }
         });
         tokio::time::timeout(Duration::from_secs(60), async {
@@ -167,7 +221,9 @@ async fn message_size_limits() {
         let host = Host::assigned(&s, "sizes").await;
         let mut c = host.connect(&s).await;
         let invite = c.create_invite("r1", "d1").await.unwrap();
-        let mut p = testkit::pair_phone(&s.cell_url, &mut c, &host.id.relay_host_id, &invite, &[]).await.unwrap();
+        let mut p = testkit::pair_phone(&s.cell_url, &mut c, &host.id.relay_host_id, &invite, &[])
+            .await
+            .unwrap();
         let big: Vec<u8> = (0..8 * 1024 * 1024).map(|i| (i % 251) as u8).collect();
         let (tx, rx) = (p.phone.send(Message::binary(big.clone())), p.data.next());
         let (sent, got) = tokio::join!(tx, rx);
@@ -176,7 +232,10 @@ async fn message_size_limits() {
         let mut over = big;
         over.push(1);
         let _ = p.phone.send(Message::binary(over)).await;
-        assert_eq!(recv_close(&mut p.data, SEC * 5).await, (4408, "peer connection dropped".into()));
+        assert_eq!(
+            recv_close(&mut p.data, SEC * 5).await,
+            (4408, "peer connection dropped".into())
+        );
         assert_eq!(recv_close(&mut p.phone, SEC * 5).await.0, 1009);
         // Control leg: 1 MiB + 1.
         let _ = c.ws.send(Message::text("x".repeat(1_048_577))).await;
@@ -204,7 +263,9 @@ async fn phone_that_stops_reading_is_bounded_and_closed() {
     let host = Host::assigned(&s, "stall").await;
     let mut c = host.connect(&s).await;
     let invite = c.create_invite("r1", "d1").await.unwrap();
-    let p = testkit::pair_phone(&s.cell_url, &mut c, &host.id.relay_host_id, &invite, &[]).await.unwrap();
+    let p = testkit::pair_phone(&s.cell_url, &mut c, &host.id.relay_host_id, &invite, &[])
+        .await
+        .unwrap();
     let mut phone = p.phone; // never read from here on
     let (mut data_tx, mut data_rx) = p.data.split();
     let base = rss_kib();
@@ -237,12 +298,18 @@ async fn phone_that_stops_reading_is_bounded_and_closed() {
     let (code, reason) = close.expect("close frame");
     assert_eq!(code, 4429);
     assert!(reason == "wedged relay link" || reason == "relay queue limit exceeded");
-    assert!(elapsed < Duration::from_millis(10_000 + 1_250 + 2_000), "{elapsed:?}");
+    assert!(
+        elapsed < Duration::from_millis(10_000 + 1_250 + 2_000),
+        "{elapsed:?}"
+    );
     assert!(growth_mib < 12.0, "RSS grew {growth_mib:.1} MiB");
     sender.abort();
     drop(phone.close(None).await);
     // The control is unaffected.
     c.send(json!({"type":"nope"})).await;
-    assert_eq!(c.recv(SEC * 5).await.unwrap()["code"], "unknown_control_message");
+    assert_eq!(
+        c.recv(SEC * 5).await.unwrap()["code"],
+        "unknown_control_message"
+    );
     s.running.shutdown().await;
 }

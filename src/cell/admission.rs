@@ -100,7 +100,10 @@ impl PreAuth {
         }
         w.count += 1;
         self.awaiting += 1;
-        *self.awaiting_by_source.entry(source.to_owned()).or_insert(0) += 1;
+        *self
+            .awaiting_by_source
+            .entry(source.to_owned())
+            .or_insert(0) += 1;
         true
     }
 
@@ -131,7 +134,10 @@ mod tests {
         for _ in 0..4 {
             assert!(p.try_admit("a", 0, true));
         }
-        assert!(!p.try_admit("a", 0, true), "5th silent socket from one source");
+        assert!(
+            !p.try_admit("a", 0, true),
+            "5th silent socket from one source"
+        );
         assert!(p.try_admit("b", 0, true));
         p.leave("a");
         assert!(p.try_admit("a", 0, true));
@@ -154,8 +160,14 @@ mod tests {
             assert!(p.try_admit("a", i, true));
             p.leave("a");
         }
-        assert!(!p.try_admit("a", 59_999, true), "31st attempt in the window");
-        assert!(p.try_admit("a", 60_000, true), "window started by the first attempt");
+        assert!(
+            !p.try_admit("a", 59_999, true),
+            "31st attempt in the window"
+        );
+        assert!(
+            p.try_admit("a", 60_000, true),
+            "window started by the first attempt"
+        );
     }
 
     #[test]

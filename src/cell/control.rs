@@ -80,7 +80,10 @@ async fn handshake(
     watermark: Option<u64>,
 ) -> Result<(Arc<Session>, u64, mpsc::Receiver<ControlOut>), Fail> {
     if cell.idle_gate_closed(key) {
-        return Err(close_with(close::WRONG_CELL, reason::IDLE_CUTOVER_IN_PROGRESS));
+        return Err(close_with(
+            close::WRONG_CELL,
+            reason::IDLE_CUTOVER_IN_PROGRESS,
+        ));
     }
     let pending_details = caps.iter().any(|c| c == CAP_PENDING_DETAILS);
     let idle_rehome = caps.iter().any(|c| c == CAP_IDLE_REHOME);
@@ -91,8 +94,18 @@ async fn handshake(
     let first = ws::first_frame(ws, Duration::from_millis(limits::FIRST_FRAME_MS)).await;
     let text = match first {
         First::Text(t) => t,
-        First::Binary => return Err(close_with(close::BAD_OUTER_CREDENTIAL, reason::HOST_HELLO_MUST_BE_TEXT)),
-        First::Timeout => return Err(close_with(close::BAD_OUTER_CREDENTIAL, reason::HOST_HELLO_TIMEOUT)),
+        First::Binary => {
+            return Err(close_with(
+                close::BAD_OUTER_CREDENTIAL,
+                reason::HOST_HELLO_MUST_BE_TEXT,
+            ))
+        }
+        First::Timeout => {
+            return Err(close_with(
+                close::BAD_OUTER_CREDENTIAL,
+                reason::HOST_HELLO_TIMEOUT,
+            ))
+        }
         First::Oversize => return Err(close_with(close::MESSAGE_TOO_BIG, "message too big")),
         First::Gone => return Err(Fail::Gone),
     };
@@ -100,17 +113,37 @@ async fn handshake(
         Split::Typed(t, m) if t == "host-hello" => frames::body(m),
         _ => None,
     }
-    .ok_or(close_with(close::BAD_OUTER_CREDENTIAL, reason::INVALID_HOST_HELLO))?;
-    let host_public = crypto::decode_key32(&hello.host_public_key_b64)
-        .ok_or(close_with(close::BAD_OUTER_CREDENTIAL, reason::INVALID_HOST_PUBLIC_KEY))?;
-    if hello.relay_host_id != claims.relay_host_id || crypto::relay_host_id(&host_public) != hello.relay_host_id {
-        return Err(close_with(close::BAD_OUTER_CREDENTIAL, reason::HOST_KEY_BINDING_MISMATCH));
+    .ok_or(close_with(
+        close::BAD_OUTER_CREDENTIAL,
+        reason::INVALID_HOST_HELLO,
+    ))?;
+    let host_public = crypto::decode_key32(&hello.host_public_key_b64).ok_or(close_with(
+        close::BAD_OUTER_CREDENTIAL,
+        reason::INVALID_HOST_PUBLIC_KEY,
+    ))?;
+    if hello.relay_host_id != claims.relay_host_id
+        || crypto::relay_host_id(&host_public) != hello.relay_host_id
+    {
+        return Err(close_with(
+            close::BAD_OUTER_CREDENTIAL,
+            reason::HOST_KEY_BINDING_MISMATCH,
+        ));
     }
     let epoch = hello.assignment_epoch as i64;
     match store::verify_cell_assignment(&cell.ctx.db, key, &cell.ctx.config.cell_id, epoch).await {
         Ok(true) => {}
-        Ok(false) => return Err(close_with(close::WRONG_CELL, reason::WRONG_ASSIGNMENT_EPOCH)),
-        Err(_) => return Err(close_with(close::LIMIT_EXCEEDED, reason::RELAY_TEMPORARILY_UNAVAILABLE)),
+        Ok(false) => {
+            return Err(close_with(
+                close::WRONG_CELL,
+                reason::WRONG_ASSIGNMENT_EPOCH,
+            ))
+        }
+        Err(_) => {
+            return Err(close_with(
+                close::LIMIT_EXCEEDED,
+                reason::RELAY_TEMPORARILY_UNAVAILABLE,
+            ))
+        }
     }
     // §3.2 rebind or new generation.
     let seen = cell.registry().get(key);
@@ -122,7 +155,11 @@ async fn handshake(
                 .as_deref()
                 .is_some_and(|sec| crypto::ct_eq_str(sec, &st.secret))
                 && matches!(st.state, State::Active | State::Orphaned);
-            let g = if rebind { st.generation } else { st.generation + 1 };
+            let g = if rebind {
+                st.generation
+            } else {
+                st.generation + 1
+            };
             (rebind, g, Some(s.id))
         }
         None => (false, 1, None),
@@ -147,24 +184,35 @@ async fn handshake(
     if ws.send(Message::text(frame.to_string())).await.is_err() {
         return Err(Fail::Gone);
     }
-    let proof_ok = match ws::first_frame(ws, Duration::from_millis(limits::PROOF_WINDOW_MS as u64)).await {
-        First::Text(t) => match frames::split(&t) {
-            Split::Typed(ty, m) if ty == "host-challenge-ack" => frames::body::<frames::ChallengeAck>(m)
-                .is_some_and(|a| issued.verify_ack(&a.challenge_id, &a.proof_b64, now_ms())),
-            _ => false,
-        },
-        First::Binary => false,
-        First::Timeout => return Err(close_with(close::BAD_OUTER_CREDENTIAL, reason::HOST_PROOF_TIMEOUT)),
-        First::Oversize => return Err(close_with(close::MESSAGE_TOO_BIG, "message too big")),
-        First::Gone => return Err(Fail::Gone),
-    };
+    let proof_ok =
+        match ws::first_frame(ws, Duration::from_millis(limits::PROOF_WINDOW_MS as u64)).await {
+            First::Text(t) => match frames::split(&t) {
+                Split::Typed(ty, m) if ty == "host-challenge-ack" => {
+                    frames::body::<frames::ChallengeAck>(m)
+                        .is_some_and(|a| issued.verify_ack(&a.challenge_id, &a.proof_b64, now_ms()))
+                }
+                _ => false,
+            },
+            First::Binary => false,
+            First::Timeout => {
+                return Err(close_with(
+                    close::BAD_OUTER_CREDENTIAL,
+                    reason::HOST_PROOF_TIMEOUT,
+                ))
+            }
+            First::Oversize => return Err(close_with(close::MESSAGE_TOO_BIG, "message too big")),
+            First::Gone => return Err(Fail::Gone),
+        };
     cell.ctx
         .metrics
         .host_proofs
         .with_label_values(&[if proof_ok { "ok" } else { "failed" }])
         .inc();
     if !proof_ok {
-        return Err(close_with(close::BAD_OUTER_CREDENTIAL, reason::INVALID_HOST_PROOF));
+        return Err(close_with(
+            close::BAD_OUTER_CREDENTIAL,
+            reason::INVALID_HOST_PROOF,
+        ));
     }
     // §3.5 activation, serialised per host, FIFO.
     let lock = cell.registry().activation_lock(key);
@@ -175,13 +223,24 @@ async fn handshake(
     .await
     {
         Ok(g) => g,
-        Err(_) => return Err(close_with(close::LIMIT_EXCEEDED, reason::CONTROL_ACTIVATION_QUEUE_STALLED)),
+        Err(_) => {
+            return Err(close_with(
+                close::LIMIT_EXCEEDED,
+                reason::CONTROL_ACTIVATION_QUEUE_STALLED,
+            ))
+        }
     };
     if cell.idle_gate_closed(key) {
-        return Err(close_with(close::WRONG_CELL, reason::IDLE_CUTOVER_IN_PROGRESS));
+        return Err(close_with(
+            close::WRONG_CELL,
+            reason::IDLE_CUTOVER_IN_PROGRESS,
+        ));
     }
     if cell.registry().get(key).map(|s| s.id) != seen_id {
-        return Err(close_with(close::PEER_DROPPED, reason::CONTROL_ACTIVATION_SUPERSEDED));
+        return Err(close_with(
+            close::PEER_DROPPED,
+            reason::CONTROL_ACTIVATION_SUPERSEDED,
+        ));
     }
     let now = now_ms();
     let activity = match store::activate_control(
@@ -200,14 +259,28 @@ async fn handshake(
     .await
     {
         Ok(a) => a,
-        Err(_) => return Err(close_with(close::WRONG_CELL, reason::ASSIGNMENT_CHANGED_DURING_HOST_PROOF)),
+        Err(_) => {
+            return Err(close_with(
+                close::WRONG_CELL,
+                reason::ASSIGNMENT_CHANGED_DURING_HOST_PROOF,
+            ))
+        }
     };
-    if store::mark_migration_target_registered(&cell.ctx.db, key, &cell.ctx.config.cell_id, epoch, now)
-        .await
-        .is_err()
+    if store::mark_migration_target_registered(
+        &cell.ctx.db,
+        key,
+        &cell.ctx.config.cell_id,
+        epoch,
+        now,
+    )
+    .await
+    .is_err()
     {
         cell.release_activity(key, activity);
-        return Err(close_with(close::WRONG_CELL, reason::ASSIGNMENT_CHANGED_DURING_HOST_PROOF));
+        return Err(close_with(
+            close::WRONG_CELL,
+            reason::ASSIGNMENT_CHANGED_DURING_HOST_PROOF,
+        ));
     }
     if cell.is_draining() {
         cell.release_activity(key, activity);
@@ -222,15 +295,20 @@ async fn handshake(
         idle_rehome,
     };
     let now = now_ms();
-    let lease_expires_at = now + limits::CONTROL_LEASE_MS
-        + rand::thread_rng().gen_range(-limits::CONTROL_LEASE_JITTER_MS..limits::CONTROL_LEASE_JITTER_MS);
+    let lease_expires_at = now
+        + limits::CONTROL_LEASE_MS
+        + rand::thread_rng()
+            .gen_range(-limits::CONTROL_LEASE_JITTER_MS..limits::CONTROL_LEASE_JITTER_MS);
     let (session, ack) = if rebind {
         let s = seen.expect("rebind has a session");
         let mut st = s.lock();
         st.orphan_seq += 1;
         st.authority_rev += 1;
         if let Some(old) = st.control.replace(control) {
-            old.send(ControlOut::Close(close::PEER_DROPPED, reason::CONTROL_REBOUND));
+            old.send(ControlOut::Close(
+                close::PEER_DROPPED,
+                reason::CONTROL_REBOUND,
+            ));
         }
         if st.activity_id != activity {
             let old = std::mem::replace(&mut st.activity_id, activity);
@@ -273,9 +351,16 @@ async fn handshake(
                 renewal_in_flight: false,
             }),
         });
-        let old = cell.registry().sessions.insert(key.clone(), session.clone());
+        let old = cell
+            .registry()
+            .sessions
+            .insert(key.clone(), session.clone());
         if let Some(old) = old {
-            retire(cell, &old, (close::PEER_DROPPED, reason::REPLACED_BY_NEWER_GENERATION));
+            retire(
+                cell,
+                &old,
+                (close::PEER_DROPPED, reason::REPLACED_BY_NEWER_GENERATION),
+            );
         }
         cell.signed_out
             .lock()
@@ -416,7 +501,12 @@ async fn control_loop(
 }
 
 /// §4.5: the current control closed with no successor → orphaned, 30 s grace.
-fn on_control_closed(cell: &Arc<Cell>, session: &Arc<Session>, sock_id: u64, host_reason: Option<&str>) {
+fn on_control_closed(
+    cell: &Arc<Cell>,
+    session: &Arc<Session>,
+    sock_id: u64,
+    host_reason: Option<&str>,
+) {
     let mut st = session.lock();
     if st.control.as_ref().is_none_or(|c| c.sock_id != sock_id) {
         return;
@@ -484,18 +574,27 @@ fn on_tick(cell: &Arc<Cell>, session: &Arc<Session>, sock_id: u64) -> Option<(u1
     }
     let exp_ms = st.claims.exp * 1000;
     if now > exp_ms + limits::EXPIRED_TOKEN_GRACE_MS {
-        return Some((close::BAD_OUTER_CREDENTIAL, reason::RELAY_AUTHORIZATION_EXPIRED));
+        return Some((
+            close::BAD_OUTER_CREDENTIAL,
+            reason::RELAY_AUTHORIZATION_EXPIRED,
+        ));
     } else if now > exp_ms && st.state == State::Active {
         st.state = State::DrainOnly;
     }
-    let c = st.control.as_ref().filter(|c| c.sock_id == sock_id)?.clone();
+    let c = st
+        .control
+        .as_ref()
+        .filter(|c| c.sock_id == sock_id)?
+        .clone();
     if now > st.lease_expires_at {
         c.send(ControlOut::Frame(
             json!({"type":"drain","graceMs":0,"recovery":"resolve-director"}).to_string(),
         ));
         return Some((close::DRAINING, reason::CONTROL_LEASE_EXPIRED));
     }
-    c.send(ControlOut::Frame(json!({"type":"ping","t":now}).to_string()));
+    c.send(ControlOut::Frame(
+        json!({"type":"ping","t":now}).to_string(),
+    ));
     None
 }
 
@@ -524,7 +623,9 @@ async fn on_renewal(
                 None
             }
             RenewalOutcome::AssignmentNotFound => Some(reason::CONTROL_ASSIGNMENT_MISSING),
-            RenewalOutcome::ActivityCellNotAuthoritative => Some(reason::CONTROL_MIGRATION_COMPLETED),
+            RenewalOutcome::ActivityCellNotAuthoritative => {
+                Some(reason::CONTROL_MIGRATION_COMPLETED)
+            }
             RenewalOutcome::ControlActivityMoved => Some(reason::CONTROL_ACTIVITY_MOVED),
             RenewalOutcome::ControlActivityNotFound => Some(""),
             other => {
@@ -566,14 +667,23 @@ async fn on_renewal(
     };
     if let Some(r) = close {
         let st = session.lock();
-        if let Some(c) = st.control.as_ref().filter(|c| c.sock_id == sock_id && st.authority_rev == rev) {
+        if let Some(c) = st
+            .control
+            .as_ref()
+            .filter(|c| c.sock_id == sock_id && st.authority_rev == rev)
+        {
             c.send(ControlOut::Close(close::DRAINING, r));
         }
     }
 }
 
 /// One host → cell text frame (§4.1). `Err` closes the control.
-async fn on_text(cell: &Arc<Cell>, session: &Arc<Session>, sock_id: u64, text: &str) -> Result<(), (u16, &'static str)> {
+async fn on_text(
+    cell: &Arc<Cell>,
+    session: &Arc<Session>,
+    sock_id: u64,
+    text: &str,
+) -> Result<(), (u16, &'static str)> {
     let (ty, m) = match frames::split(text) {
         Split::NotJson => return Err((close::BAD_OUTER_CREDENTIAL, reason::INVALID_CONTROL_JSON)),
         Split::NoType => return Ok(()),
@@ -586,7 +696,14 @@ async fn on_text(cell: &Arc<Cell>, session: &Arc<Session>, sock_id: u64, text: &
         }
     }
     let invalid = |m: &serde_json::Map<String, Value>| {
-        send_frame(session, sock_id, control_error(frames::valid_req_id(m).as_deref(), "invalid_control_message"));
+        send_frame(
+            session,
+            sock_id,
+            control_error(
+                frames::valid_req_id(m).as_deref(),
+                "invalid_control_message",
+            ),
+        );
         Ok(())
     };
     match ty.as_str() {
@@ -616,13 +733,15 @@ async fn on_text(cell: &Arc<Cell>, session: &Arc<Session>, sock_id: u64, text: &
             }
             None => invalid(&m),
         },
-        "device-credential-install-status" => match frames::body::<frames::InstallStatus>(m.clone()) {
-            Some(c) => {
-                spawn_command(cell, session, sock_id, Command::Status(c));
-                Ok(())
+        "device-credential-install-status" => {
+            match frames::body::<frames::InstallStatus>(m.clone()) {
+                Some(c) => {
+                    spawn_command(cell, session, sock_id, Command::Status(c));
+                    Ok(())
+                }
+                None => invalid(&m),
             }
-            None => invalid(&m),
-        },
+        }
         "device-resume-confirm" => match frames::body::<frames::ResumeConfirm>(m.clone()) {
             Some(c) => {
                 spawn_command(cell, session, sock_id, Command::Confirm(c));
@@ -638,19 +757,38 @@ async fn on_text(cell: &Arc<Cell>, session: &Arc<Session>, sock_id: u64, text: &
             None => invalid(&m),
         },
         _ => {
-            send_frame(session, sock_id, control_error(None, "unknown_control_message"));
+            send_frame(
+                session,
+                sock_id,
+                control_error(None, "unknown_control_message"),
+            );
             Ok(())
         }
     }
 }
 
 /// §4.3.
-async fn auth_refresh(cell: &Arc<Cell>, session: &Arc<Session>, jwt: &str) -> Result<(), (u16, &'static str)> {
-    let changed = (close::BAD_OUTER_CREDENTIAL, reason::REFRESH_IDENTITY_CHANGED);
-    let claims = cell.verifier.verify(jwt, now_ms()).await.map_err(|_| changed)?;
+async fn auth_refresh(
+    cell: &Arc<Cell>,
+    session: &Arc<Session>,
+    jwt: &str,
+) -> Result<(), (u16, &'static str)> {
+    let changed = (
+        close::BAD_OUTER_CREDENTIAL,
+        reason::REFRESH_IDENTITY_CHANGED,
+    );
+    let claims = cell
+        .verifier
+        .verify(jwt, now_ms())
+        .await
+        .map_err(|_| changed)?;
     let mut st = session.lock();
     let old = &st.claims;
-    if claims.sub != old.sub || claims.prof != old.prof || claims.org != old.org || claims.relay_host_id != old.relay_host_id {
+    if claims.sub != old.sub
+        || claims.prof != old.prof
+        || claims.org != old.org
+        || claims.relay_host_id != old.relay_host_id
+    {
         return Err(changed);
     }
     st.claims = claims;
@@ -692,7 +830,17 @@ async fn run_command(cell: &Arc<Cell>, session: &Arc<Session>, cmd: Command) -> 
                 return control_error(Some(&c.req_id), "authorization_expired");
             }
             let activity = format!("invite-offer:{}", c.req_id);
-            if let Err(e) = store::acquire_activity(db, key, &activity, store::ActivityKind::Invite, cell_id, None, now).await {
+            if let Err(e) = store::acquire_activity(
+                db,
+                key,
+                &activity,
+                store::ActivityKind::Invite,
+                cell_id,
+                None,
+                now,
+            )
+            .await
+            {
                 return control_error(Some(&c.req_id), e.code());
             }
             match creds::create_invite(db, key, &c.relay_device_id, &c.req_id, now).await {
@@ -727,11 +875,23 @@ async fn run_command(cell: &Arc<Cell>, session: &Arc<Session>, cmd: Command) -> 
                     direct_auth_id: c.authorization.direct_auth_id.clone().unwrap_or_default(),
                 },
             };
-            if matches!(auth, creds::InstallAuth::AuthenticatedDirect { .. }) && state != State::Active {
+            if matches!(auth, creds::InstallAuth::AuthenticatedDirect { .. })
+                && state != State::Active
+            {
                 return control_error(Some(&c.req_id), "authorization_expired");
             }
             let activity = format!("install:{}", c.req_id);
-            if let Err(e) = store::acquire_activity(db, key, &activity, store::ActivityKind::Install, cell_id, None, now).await {
+            if let Err(e) = store::acquire_activity(
+                db,
+                key,
+                &activity,
+                store::ActivityKind::Install,
+                cell_id,
+                None,
+                now,
+            )
+            .await
+            {
                 return control_error(Some(&c.req_id), e.code());
             }
             let req = creds::InstallRequest {
@@ -746,7 +906,9 @@ async fn run_command(cell: &Arc<Cell>, session: &Arc<Session>, cmd: Command) -> 
                 creds::install(db, key, &req, generation, state == State::Active, now),
             )
             .await
-            .unwrap_or(Err(creds::CredError::Db(crate::store::DbError::Transient("deadline".into()))));
+            .unwrap_or(Err(creds::CredError::Db(crate::store::DbError::Transient(
+                "deadline".into(),
+            ))));
             cell.release_activity(key, activity);
             match r {
                 Ok(done) => {
@@ -763,20 +925,28 @@ async fn run_command(cell: &Arc<Cell>, session: &Arc<Session>, cmd: Command) -> 
                 Err(e) => control_error(Some(&c.req_id), e.code()),
             }
         }
-        Command::Status(c) => match creds::install_status(db, key, &c.relay_device_id, &c.req_id).await {
-            Ok(Some(result)) => json!({"type":"device-credential-install-status-result","v":1,"reqId":c.req_id,"state":"committed","result":result}),
-            Ok(None) => json!({"type":"device-credential-install-status-result","v":1,"reqId":c.req_id,"state":"not-found"}),
-            Err(_) => control_error(Some(&c.req_id), "control_operation_failed"),
-        },
-        Command::Confirm(c) => match creds::confirm(db, key, &c.req_id, &c.basis_conn_id, generation, now).await {
-            Ok(result) => {
-                cell.release_activity(key, format!("confirmation:{}", c.basis_conn_id));
-                let mut v = result;
-                v["type"] = json!("device-resume-confirmed");
-                reorder_type(v)
+        Command::Status(c) => {
+            match creds::install_status(db, key, &c.relay_device_id, &c.req_id).await {
+                Ok(Some(result)) => {
+                    json!({"type":"device-credential-install-status-result","v":1,"reqId":c.req_id,"state":"committed","result":result})
+                }
+                Ok(None) => {
+                    json!({"type":"device-credential-install-status-result","v":1,"reqId":c.req_id,"state":"not-found"})
+                }
+                Err(_) => control_error(Some(&c.req_id), "control_operation_failed"),
             }
-            Err(e) => control_error(Some(&c.req_id), e.code()),
-        },
+        }
+        Command::Confirm(c) => {
+            match creds::confirm(db, key, &c.req_id, &c.basis_conn_id, generation, now).await {
+                Ok(result) => {
+                    cell.release_activity(key, format!("confirmation:{}", c.basis_conn_id));
+                    let mut v = result;
+                    v["type"] = json!("device-resume-confirmed");
+                    reorder_type(v)
+                }
+                Err(e) => control_error(Some(&c.req_id), e.code()),
+            }
+        }
         Command::Revoke(c) => match creds::revoke(db, key, &c.relay_device_id, now).await {
             Ok(offers) => {
                 for offer in offers {

@@ -27,7 +27,9 @@ struct DrainBody {
     pace_window_ms: Option<u64>,
 }
 
-pub fn route(cell: Arc<Cell>) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
+pub fn route(
+    cell: Arc<Cell>,
+) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
     warp::path!("v1" / "admin" / "drain")
         .and(warp::post())
         .and(warp::header::headers_cloned())
@@ -126,12 +128,20 @@ fn forced_close(cell: &Cell, s: &Session) {
             );
         }
     }
-    retire(cell, s, (close::DRAINING, reason::RESOLVE_CONFIGURED_DIRECTOR));
+    retire(
+        cell,
+        s,
+        (close::DRAINING, reason::RESOLVE_CONFIGURED_DIRECTOR),
+    );
 }
 
 /// SIGTERM: drain with the shutdown grace, then wait (bounded) for sockets to finish closing.
 pub async fn shutdown(cell: &Arc<Cell>) {
-    let grace = cell.ctx.config.shutdown_grace_ms.min(limits::SHUTDOWN_EXIT_MS - 3_000);
+    let grace = cell
+        .ctx
+        .config
+        .shutdown_grace_ms
+        .min(limits::SHUTDOWN_EXIT_MS - 3_000);
     start(cell, grace, 0);
     let deadline = tokio::time::Instant::now() + Duration::from_millis(grace + 2_000);
     while tokio::time::Instant::now() < deadline {

@@ -286,7 +286,10 @@ mod tests {
         assert!(parse::<HostHello>(&frac).is_none());
         let exp = ok.replace("\"assignmentEpoch\":1", "\"assignmentEpoch\":1e0");
         assert!(parse::<HostHello>(&exp).is_none());
-        let big = ok.replace("\"assignmentEpoch\":1", "\"assignmentEpoch\":9007199254740992");
+        let big = ok.replace(
+            "\"assignmentEpoch\":1",
+            "\"assignmentEpoch\":9007199254740992",
+        );
         assert!(parse::<HostHello>(&big).is_none());
         let empty_app = ok.replace("\"1.0\"", "\"\"");
         assert!(parse::<HostHello>(&empty_app).is_none());
@@ -339,6 +342,9 @@ mod tests {
             vec!["pending-conn-details", "x", "idle-regional-rehome-v1"]
         );
         let many: Vec<String> = (0..20).map(|i| format!("c{i}")).collect();
-        assert_eq!(capabilities([many.join(",").as_str()].into_iter()).len(), 16);
+        assert_eq!(
+            capabilities([many.join(",").as_str()].into_iter()).len(),
+            16
+        );
     }
 }

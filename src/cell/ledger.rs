@@ -146,7 +146,11 @@ impl Ledger {
     /// Control upgrade: enforced + 1 ≤ normal limit, or ≤ H for a rebind over a live control.
     /// Returns the watermark taken at the reservation.
     pub fn reserve_control(&mut self, rebind: bool) -> Option<u64> {
-        let limit = if rebind { self.cap } else { self.normal_limit() };
+        let limit = if rebind {
+            self.cap
+        } else {
+            self.normal_limit()
+        };
         if self.enforced() + 1 > limit {
             return None;
         }

@@ -58,7 +58,11 @@ fn target(path: &str) -> Target {
     }
 }
 
-pub async fn upgrade(cell: &Arc<Cell>, mut req: http::Request<Incoming>, peer: SocketAddr) -> Response {
+pub async fn upgrade(
+    cell: &Arc<Cell>,
+    mut req: http::Request<Incoming>,
+    peer: SocketAddr,
+) -> Response {
     let Some(key) = ws::ws_key(&req) else {
         // A plain HTTP request to a leg path is an unknown route.
         return crate::http::error(StatusCode::NOT_FOUND, crate::contract::errors::NOT_FOUND);
@@ -80,8 +84,14 @@ pub async fn upgrade(cell: &Arc<Cell>, mut req: http::Request<Incoming>, peer: S
 }
 
 /// Gate 4 of phone/data legs; on success the socket counts as awaiting its first frame.
-fn preauth(cell: &Cell, req: &http::Request<Incoming>, peer: SocketAddr, leg: Leg) -> Option<String> {
-    let source = crate::http::client_source(peer, req.headers(), cell.ctx.config.trusted_proxy_hops);
+fn preauth(
+    cell: &Cell,
+    req: &http::Request<Incoming>,
+    peer: SocketAddr,
+    leg: Leg,
+) -> Option<String> {
+    let source =
+        crate::http::client_source(peer, req.headers(), cell.ctx.config.trusted_proxy_hops);
     let capacity_ok = match &cell.ledger {
         Some(l) => {
             let l = l.lock().unwrap_or_else(|e| e.into_inner());
@@ -176,9 +186,18 @@ fn data_gates(
     resp
 }
 
-async fn control_gates(cell: &Arc<Cell>, req: &mut http::Request<Incoming>, key: &http::HeaderValue) -> Response {
+async fn control_gates(
+    cell: &Arc<Cell>,
+    req: &mut http::Request<Incoming>,
+    key: &http::HeaderValue,
+) -> Response {
     // Gate 3: the host token (§2.2).
-    let token = match req.headers().get_all(http::header::AUTHORIZATION).iter().count() {
+    let token = match req
+        .headers()
+        .get_all(http::header::AUTHORIZATION)
+        .iter()
+        .count()
+    {
         1 => crate::http::bearer(req.headers()).map(str::to_owned),
         _ => None,
     };
@@ -201,7 +220,9 @@ async fn control_gates(cell: &Arc<Cell>, req: &mut http::Request<Incoming>, key:
     // Gate 4: store pressure shed.
     if !rebind_over_live {
         let p = cell.ctx.db.pressure();
-        if p.waiting >= cell.ctx.config.database_pool_max as u64 && p.oldest_wait_ms >= limits::STORE_SHED_WAIT_MS {
+        if p.waiting >= cell.ctx.config.database_pool_max as u64
+            && p.oldest_wait_ms >= limits::STORE_SHED_WAIT_MS
+        {
             return ws::refuse(StatusCode::SERVICE_UNAVAILABLE);
         }
     }
@@ -263,11 +284,23 @@ mod tests {
         assert!(matches!(target("/v1/host/control"), Target::Control));
         assert!(matches!(target("/v1/host/controls"), Target::NotFound));
         assert!(matches!(target("/v1/host/data/"), Target::Data(None)));
-        assert!(matches!(target(&format!("/v1/host/data/{}", "a".repeat(129))), Target::Data(None)));
-        assert!(matches!(target(&format!("/v1/host/data/{}", "a".repeat(128))), Target::Data(Some(_))));
+        assert!(matches!(
+            target(&format!("/v1/host/data/{}", "a".repeat(129))),
+            Target::Data(None)
+        ));
+        assert!(matches!(
+            target(&format!("/v1/host/data/{}", "a".repeat(128))),
+            Target::Data(Some(_))
+        ));
         assert!(matches!(target("/v1/connect/short"), Target::Phone(None)));
-        assert!(matches!(target("/v1/connect/abcdefghijklmnop"), Target::Phone(Some(_))));
-        assert!(matches!(target("/v1/connect/abcdefghijklmno%70"), Target::Phone(Some(_))));
+        assert!(matches!(
+            target("/v1/connect/abcdefghijklmnop"),
+            Target::Phone(Some(_))
+        ));
+        assert!(matches!(
+            target("/v1/connect/abcdefghijklmno%70"),
+            Target::Phone(Some(_))
+        ));
         assert!(matches!(target("/v1/connect"), Target::NotFound));
     }
 }

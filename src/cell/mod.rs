@@ -14,8 +14,8 @@ pub mod control;
 pub mod drain;
 pub mod frames;
 pub mod heartbeat;
-pub mod legs;
 pub mod ledger;
+pub mod legs;
 pub mod phone;
 pub mod renew;
 pub mod session;
@@ -115,7 +115,11 @@ impl Cell {
 
     /// Handles a request on a WebSocket leg path (`/v1/host/control`, `/v1/host/data/…`,
     /// `/v1/connect/…`): the upgrade gates, then the leg.
-    pub async fn upgrade(self: &Arc<Self>, req: http::Request<Incoming>, peer: SocketAddr) -> Response {
+    pub async fn upgrade(
+        self: &Arc<Self>,
+        req: http::Request<Incoming>,
+        peer: SocketAddr,
+    ) -> Response {
         legs::upgrade(self, req, peer).await
     }
 
@@ -174,7 +178,9 @@ impl Cell {
         let key = key.clone();
         tokio::spawn(async move {
             let now = crate::clock::now_ms();
-            if let Err(e) = crate::store::assignments::release_activity(&db, &key, &activity_id, now).await {
+            if let Err(e) =
+                crate::store::assignments::release_activity(&db, &key, &activity_id, now).await
+            {
                 log::warn!(
                     "[orca-relay] activity release failed host={} kind={} error={e}",
                     crate::logging::digest(&key.relay_host_id),

@@ -35,7 +35,8 @@ impl Renewer {
 async fn batcher(ctx: Ctx, mut rx: mpsc::Receiver<Job>) {
     while let Some(first) = rx.recv().await {
         let mut jobs = vec![first];
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(limits::RENEWAL_BATCH_FLUSH_MS);
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_millis(limits::RENEWAL_BATCH_FLUSH_MS);
         while jobs.len() < limits::RENEWAL_BATCH_ROWS {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some(j)) => {
@@ -59,7 +60,12 @@ async fn batcher(ctx: Ctx, mut rx: mpsc::Receiver<Job>) {
         )
         .await;
         for (i, (_, reply)) in jobs.into_iter().enumerate() {
-            let _ = reply.send(outcomes.get(i).copied().unwrap_or(RenewalOutcome::DatabaseError));
+            let _ = reply.send(
+                outcomes
+                    .get(i)
+                    .copied()
+                    .unwrap_or(RenewalOutcome::DatabaseError),
+            );
         }
     }
 }

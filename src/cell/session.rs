@@ -175,7 +175,8 @@ pub struct SignedOut {
 impl SignedOut {
     pub fn remember(&mut self, key: HostKey, now: i64) {
         use crate::contract::limits::{SIGNED_OUT_MEMORY_MAX, SIGNED_OUT_MEMORY_MS};
-        self.entries.retain(|_, at| now - *at < SIGNED_OUT_MEMORY_MS);
+        self.entries
+            .retain(|_, at| now - *at < SIGNED_OUT_MEMORY_MS);
         if self.entries.len() >= SIGNED_OUT_MEMORY_MAX {
             if let Some(oldest) = self
                 .entries

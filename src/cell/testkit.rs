@@ -51,7 +51,9 @@ pub async fn dial(url: &str, headers: &[(&str, String)]) -> Result<ClientWs, Str
     let (ws, _) = tokio_tungstenite::connect_async_with_config(req, Some(client_config()), true)
         .await
         .map_err(|e| match e {
-            tokio_tungstenite::tungstenite::Error::Http(r) => format!("http {}", r.status().as_u16()),
+            tokio_tungstenite::tungstenite::Error::Http(r) => {
+                format!("http {}", r.status().as_u16())
+            }
             other => other.to_string(),
         })?;
     Ok(ws)
@@ -63,10 +65,13 @@ pub async fn recv_json(ws: &mut ClientWs, within: Duration) -> Result<Value, (u1
         loop {
             match ws.next().await {
                 Some(Ok(Message::Text(t))) => {
-                    return serde_json::from_str(t.as_str()).map_err(|_| (0, format!("not JSON: {t}")))
+                    return serde_json::from_str(t.as_str())
+                        .map_err(|_| (0, format!("not JSON: {t}")))
                 }
                 Some(Ok(Message::Close(f))) => {
-                    return Err(f.map(|f| (u16::from(f.code), f.reason.as_str().to_owned())).unwrap_or((1005, String::new())))
+                    return Err(f
+                        .map(|f| (u16::from(f.code), f.reason.as_str().to_owned()))
+                        .unwrap_or((1005, String::new())))
                 }
                 Some(Ok(Message::Binary(_))) => return Err((0, "unexpected binary".into())),
                 Some(Ok(_)) => continue,
@@ -86,14 +91,18 @@ pub async fn recv_close(ws: &mut ClientWs, within: Duration) -> (u16, String) {
         loop {
             match ws.next().await {
                 Some(Ok(Message::Close(f))) => {
-                    return f.map(|f| (u16::from(f.code), f.reason.as_str().to_owned())).unwrap_or((1005, String::new()))
+                    return f
+                        .map(|f| (u16::from(f.code), f.reason.as_str().to_owned()))
+                        .unwrap_or((1005, String::new()))
                 }
                 Some(Ok(_)) => continue,
                 Some(Err(_)) | None => return (1006, String::new()),
             }
         }
     };
-    tokio::time::timeout(within, read).await.unwrap_or((0, "timeout".into()))
+    tokio::time::timeout(within, read)
+        .await
+        .unwrap_or((0, "timeout".into()))
 }
 
 /// A desktop host identity.
@@ -121,12 +130,23 @@ impl HostIdentity {
     /// A self-hosted host token (15 min) signed with K derived from the assignment signing key.
     pub fn token(&self, signing_key: &str, public_url: &str) -> String {
         let k = crypto::self_hosted_key(signing_key);
-        crypto::mint_host_token(&k, &self.user_id, public_url, &self.relay_host_id, crate::clock::now_ms()).0
+        crypto::mint_host_token(
+            &k,
+            &self.user_id,
+            public_url,
+            &self.relay_host_id,
+            crate::clock::now_ms(),
+        )
+        .0
     }
 }
 
 /// `POST /v1/assign` → (cellUrl, assignmentEpoch).
-pub async fn assign(director: &str, token: &str, relay_host_id: &str) -> Result<(String, i64), String> {
+pub async fn assign(
+    director: &str,
+    token: &str,
+    relay_host_id: &str,
+) -> Result<(String, i64), String> {
     let r = reqwest::Client::new()
         .post(format!("{director}/v1/assign"))
         .bearer_auth(token)
@@ -177,9 +197,12 @@ pub async fn connect_control(
     if !hello.capabilities.is_empty() {
         headers.push(("x-orca-host-capabilities", hello.capabilities.join(",")));
     }
-    let mut ws = dial(&format!("{}/v1/host/control", ws_origin(cell_url)), &headers)
-        .await
-        .map_err(|e| (0, e))?;
+    let mut ws = dial(
+        &format!("{}/v1/host/control", ws_origin(cell_url)),
+        &headers,
+    )
+    .await
+    .map_err(|e| (0, e))?;
     let mut frame = json!({"type":"host-hello","v":1,"relayHostId":host.relay_host_id,
         "assignmentEpoch":hello.epoch,"hostPublicKeyB64":host.public_b64(),"appVersion":"orca-test/1"});
     if let Some(g) = hello.previous_generation {
@@ -188,9 +211,12 @@ pub async fn connect_control(
     if let Some(s) = &hello.resume_secret {
         frame["controlResumeSecret"] = json!(s);
     }
-    ws.send(Message::text(frame.to_string())).await.map_err(|e| (0, e.to_string()))?;
+    ws.send(Message::text(frame.to_string()))
+        .await
+        .map_err(|e| (0, e.to_string()))?;
     let challenge = recv_json(&mut ws, Duration::from_secs(5)).await?;
-    let (proof, resumed) = answer(cell_url, host, profile, hello, &challenge).map_err(|e| (0, e))?;
+    let (proof, resumed) =
+        answer(cell_url, host, profile, hello, &challenge).map_err(|e| (0, e))?;
     ws.send(Message::text(
         json!({"type":"host-challenge-ack","challengeId":challenge["challengeId"],"proofB64":crypto::std_encode(&proof)})
             .to_string(),
@@ -203,7 +229,10 @@ pub async fn connect_control(
     }
     Ok(HostControl {
         generation: ack["generation"].as_i64().unwrap_or(0),
-        secret: ack["controlResumeSecret"].as_str().unwrap_or_default().to_owned(),
+        secret: ack["controlResumeSecret"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
         ws,
         ack,
         resumed,
@@ -222,7 +251,8 @@ pub fn answer(
     if let Value::Object(m) = &mut c {
         m.remove("type");
     }
-    let frame: HostChallengeFrame = serde_json::from_value(c).map_err(|e| format!("challenge: {e}"))?;
+    let frame: HostChallengeFrame =
+        serde_json::from_value(c).map_err(|e| format!("challenge: {e}"))?;
     let binding = HostBinding {
         relay_origin: cell_url.to_owned(),
         user_id: host.user_id.clone(),
@@ -234,13 +264,16 @@ pub fn answer(
         previous_generation: hello.previous_generation.map(|g| g as u64),
         resume_requested: hello.resume_secret.is_some(),
     };
-    let proof = crypto::answer_host_challenge(&host.keys.secret, &frame, &binding, crate::clock::now_ms())?;
+    let proof =
+        crypto::answer_host_challenge(&host.keys.secret, &frame, &binding, crate::clock::now_ms())?;
     // Which value of resumeRequested the cell used: try the strict non-resume binding.
     let strict = HostBinding {
         resume_requested: false,
         ..binding
     };
-    let resumed = crypto::answer_host_challenge(&host.keys.secret, &frame, &strict, crate::clock::now_ms()).is_err();
+    let resumed =
+        crypto::answer_host_challenge(&host.keys.secret, &frame, &strict, crate::clock::now_ms())
+            .is_err();
     Ok((proof, resumed))
 }
 
@@ -265,8 +298,12 @@ impl HostControl {
 
     /// `invite-create` → the invite token.
     pub async fn create_invite(&mut self, req_id: &str, device: &str) -> Result<String, Value> {
-        self.send(json!({"type":"invite-create","reqId":req_id,"relayDeviceId":device})).await;
-        let v = self.recv(Duration::from_secs(10)).await.map_err(|e| json!({"close": e.0, "reason": e.1}))?;
+        self.send(json!({"type":"invite-create","reqId":req_id,"relayDeviceId":device}))
+            .await;
+        let v = self
+            .recv(Duration::from_secs(10))
+            .await
+            .map_err(|e| json!({"close": e.0, "reason": e.1}))?;
         match v["inviteToken"].as_str() {
             Some(t) if v["type"] == "invite-created" => Ok(t.to_owned()),
             _ => Err(v),
@@ -275,8 +312,17 @@ impl HostControl {
 }
 
 /// Dials the phone leg and sends `relay-auth`.
-pub async fn connect_phone(cell_url: &str, relay_host_id: &str, credential: &str, headers: &[(&str, String)]) -> Result<ClientWs, String> {
-    let mut ws = dial(&format!("{}/v1/connect/{relay_host_id}", ws_origin(cell_url)), headers).await?;
+pub async fn connect_phone(
+    cell_url: &str,
+    relay_host_id: &str,
+    credential: &str,
+    headers: &[(&str, String)],
+) -> Result<ClientWs, String> {
+    let mut ws = dial(
+        &format!("{}/v1/connect/{relay_host_id}", ws_origin(cell_url)),
+        headers,
+    )
+    .await?;
     ws.send(Message::text(
         json!({"type":"relay-auth","v":1,"mode":"connect","credential":credential}).to_string(),
     ))
@@ -286,9 +332,18 @@ pub async fn connect_phone(cell_url: &str, relay_host_id: &str, credential: &str
 }
 
 /// Dials the data leg for a `conn-open` and sends `host-data-auth`.
-pub async fn connect_data(cell_url: &str, conn_open: &Value, generation: i64, headers: &[(&str, String)]) -> Result<ClientWs, String> {
+pub async fn connect_data(
+    cell_url: &str,
+    conn_open: &Value,
+    generation: i64,
+    headers: &[(&str, String)],
+) -> Result<ClientWs, String> {
     let conn_id = conn_open["connId"].as_str().unwrap_or_default();
-    let mut ws = dial(&format!("{}/v1/host/data/{conn_id}", ws_origin(cell_url)), headers).await?;
+    let mut ws = dial(
+        &format!("{}/v1/host/data/{conn_id}", ws_origin(cell_url)),
+        headers,
+    )
+    .await?;
     ws.send(Message::text(
         json!({"type":"host-data-auth","v":1,"connTicket":conn_open["connTicket"],"generation":generation}).to_string(),
     ))

@@ -85,16 +85,16 @@ pub fn ws_key(req: &http::Request<Incoming>) -> Option<HeaderValue> {
     let h = req.headers();
     let has_token = |name: http::header::HeaderName, token: &str| {
         h.get_all(name).iter().any(|v| {
-            v.to_str().is_ok_and(|s| {
-                s.split(',')
-                    .any(|t| t.trim().eq_ignore_ascii_case(token))
-            })
+            v.to_str()
+                .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
         })
     };
     if req.method() != http::Method::GET
         || !has_token(http::header::UPGRADE, "websocket")
         || !has_token(http::header::CONNECTION, "upgrade")
-        || h.get(http::header::SEC_WEBSOCKET_VERSION).map(|v| v.as_bytes()) != Some(b"13")
+        || h.get(http::header::SEC_WEBSOCKET_VERSION)
+            .map(|v| v.as_bytes())
+            != Some(b"13")
     {
         return None;
     }
@@ -112,7 +112,10 @@ pub fn accept(
     let mut r = Response::default();
     *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let h = r.headers_mut();
-    h.insert(http::header::CONNECTION, HeaderValue::from_static("upgrade"));
+    h.insert(
+        http::header::CONNECTION,
+        HeaderValue::from_static("upgrade"),
+    );
     h.insert(http::header::UPGRADE, HeaderValue::from_static("websocket"));
     if let Ok(v) = HeaderValue::from_str(&accept) {
         h.insert(http::header::SEC_WEBSOCKET_ACCEPT, v);
@@ -120,8 +123,12 @@ pub fn accept(
     let fut = async move {
         let upgraded = on_upgrade.await.ok()?;
         Some(
-            WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(config(leg)))
-                .await,
+            WebSocketStream::from_raw_socket(
+                TokioIo::new(upgraded),
+                Role::Server,
+                Some(config(leg)),
+            )
+            .await,
         )
     };
     (r, fut)

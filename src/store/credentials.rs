@@ -50,7 +50,14 @@ fn uuid() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
-async fn audit(tx: &mut Tx, kind: &str, host: &HostKey, device: &str, detail: Json, now: i64) -> Result<(), DbError> {
+async fn audit(
+    tx: &mut Tx,
+    kind: &str,
+    host: &HostKey,
+    device: &str,
+    detail: Json,
+    now: i64,
+) -> Result<(), DbError> {
     tx.execute(
         "INSERT INTO relay_audit_events (event_id, kind, user_id, relay_host_id, relay_device_id, detail, created_at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7)",
@@ -61,13 +68,23 @@ async fn audit(tx: &mut Tx, kind: &str, host: &HostKey, device: &str, detail: Js
 }
 
 /// Invalidates the device's non-terminal invites; returns their offer `reqId`s.
-async fn invalidate_device_invites(tx: &mut Tx, host: &HostKey, device: &str, now: i64) -> Result<Vec<String>, DbError> {
+async fn invalidate_device_invites(
+    tx: &mut Tx,
+    host: &HostKey,
+    device: &str,
+    now: i64,
+) -> Result<Vec<String>, DbError> {
     let rows = tx
         .query(
             "UPDATE relay_invites SET state = 'invalidated', updated_at = $4 \
              WHERE user_id = $1 AND relay_host_id = $2 AND relay_device_id = $3 \
              AND state IN ('available', 'reserved', 'cooldown') RETURNING offer_req_id",
-            params![host.user_id.as_str(), host.relay_host_id.as_str(), device, now],
+            params![
+                host.user_id.as_str(),
+                host.relay_host_id.as_str(),
+                device,
+                now
+            ],
         )
         .await?;
     Ok(rows.iter().filter_map(|r| r.opt_str(0)).collect())
@@ -84,7 +101,13 @@ pub struct NewInvite {
 
 /// `invite-create` (§7.1): mint rate (30 per fixed minute per user), invalidate the device's live
 /// invites, insert an `available` invite expiring now + 570 000.
-pub async fn create_invite(db: &Db, host: &HostKey, device: &str, req_id: &str, now: i64) -> Result<NewInvite, CredError> {
+pub async fn create_invite(
+    db: &Db,
+    host: &HostKey,
+    device: &str,
+    req_id: &str,
+    now: i64,
+) -> Result<NewInvite, CredError> {
     let window = now.div_euclid(60_000) * 60_000;
     let scope = format!("account:{}", host.user_id);
     let token = random_b64u32();
@@ -111,7 +134,15 @@ pub async fn create_invite(db: &Db, host: &HostKey, device: &str, req_id: &str, 
                 limits::INVITE_MAX_ATTEMPTS, expires_at, req_id, now],
         )
         .await?;
-        audit(tx, "invite-created", host, device, json!({"expiresAt": expires_at}), now).await?;
+        audit(
+            tx,
+            "invite-created",
+            host,
+            device,
+            json!({"expiresAt": expires_at}),
+            now,
+        )
+        .await?;
         Ok::<_, CredError>(offers)
     })?;
     Ok(NewInvite {
@@ -155,7 +186,12 @@ impl Resolved {
 
 /// Resolves `token` for `relay_host_id`: as a resume token first, else as an invite. Unknown,
 /// consumed, expired, revoked or exhausted credentials resolve to `None`.
-pub async fn resolve(db: &Db, relay_host_id: &str, token: &str, now: i64) -> Result<Option<Resolved>, DbError> {
+pub async fn resolve(
+    db: &Db,
+    relay_host_id: &str,
+    token: &str,
+    now: i64,
+) -> Result<Option<Resolved>, DbError> {
     let hash = token_hash(token);
     let rows = db
         .query(
@@ -177,7 +213,9 @@ pub async fn resolve(db: &Db, relay_host_id: &str, token: &str, now: i64) -> Res
                 grace_expires_at: grace_expires,
             }));
         }
-        if r.opt_str(5).is_some_and(|g| ct_eq_str(&g, &hash)) && grace_expires.is_some_and(|g| g > now) {
+        if r.opt_str(5).is_some_and(|g| ct_eq_str(&g, &hash))
+            && grace_expires.is_some_and(|g| g > now)
+        {
             return Ok(Some(Resolved::Resume {
                 user_id: r.str(0),
                 device: r.str(1),
@@ -195,11 +233,14 @@ pub async fn resolve(db: &Db, relay_host_id: &str, token: &str, now: i64) -> Res
             params![hash.as_str(), relay_host_id, now],
         )
         .await?;
-    Ok(row.first().filter(|r| ct_eq_str(&r.str(2), &hash)).map(|r| Resolved::Invite {
-        hash: r.str(2),
-        user_id: r.str(0),
-        device: r.str(1),
-    }))
+    Ok(row
+        .first()
+        .filter(|r| ct_eq_str(&r.str(2), &hash))
+        .map(|r| Resolved::Invite {
+            hash: r.str(2),
+            user_id: r.str(0),
+            device: r.str(1),
+        }))
 }
 
 /// A held invite reservation.
@@ -244,7 +285,8 @@ pub async fn reserve_invite(db: &Db, hash: &str, now: i64) -> Result<Option<Rese
             }
             return Ok(None);
         }
-        let ready = state == "available" || (state == "cooldown" && r.opt_i64(5).is_none_or(|c| c <= now));
+        let ready =
+            state == "available" || (state == "cooldown" && r.opt_i64(5).is_none_or(|c| c <= now));
         if !ready || attempts >= max {
             return Ok(None);
         }
@@ -265,7 +307,12 @@ pub async fn reserve_invite(db: &Db, hash: &str, now: i64) -> Result<Option<Rese
 
 /// Fail (§7.1): a failure after reservation while still reserved under `reservation_id`:
 /// attempts ≥ 5 → `invalidated` (returns its offer `reqId`), else `cooldown` for 2 000 ms.
-pub async fn fail_invite(db: &Db, hash: &str, reservation_id: &str, now: i64) -> Result<Option<String>, DbError> {
+pub async fn fail_invite(
+    db: &Db,
+    hash: &str,
+    reservation_id: &str,
+    now: i64,
+) -> Result<Option<String>, DbError> {
     transaction!(db, "invite-fail", |tx| {
         let Some(r) = tx
             .query_opt(
@@ -379,7 +426,11 @@ async fn install_tx(
     session_active: bool,
     now: i64,
 ) -> Result<Installed, CredError> {
-    let (u, h, d) = (host.user_id.as_str(), host.relay_host_id.as_str(), req.device.as_str());
+    let (u, h, d) = (
+        host.user_id.as_str(),
+        host.relay_host_id.as_str(),
+        req.device.as_str(),
+    );
     if let Some(r) = tx
         .query_opt(
             "SELECT result_json FROM relay_install_results WHERE user_id = $1 AND relay_host_id = $2 \
@@ -442,7 +493,9 @@ async fn install_tx(
         )
         .await?;
     if let Some(expected) = &req.expected_current_hash {
-        let matches = device.as_ref().is_some_and(|r| ct_eq_str(&r.str(0), expected));
+        let matches = device
+            .as_ref()
+            .is_some_and(|r| ct_eq_str(&r.str(0), expected));
         if !matches {
             return Err(CredError::Code("current_hash_mismatch"));
         }
@@ -507,7 +560,15 @@ async fn install_tx(
         params![u, h, d, req.req_id.as_str(), result.to_string(), now],
     )
     .await?;
-    audit(tx, "credential-installed", host, d, json!({"mode": mode, "currentVersion": version}), now).await?;
+    audit(
+        tx,
+        "credential-installed",
+        host,
+        d,
+        json!({"mode": mode, "currentVersion": version}),
+        now,
+    )
+    .await?;
     Ok(Installed {
         result,
         ended_offers,
@@ -515,7 +576,12 @@ async fn install_tx(
 }
 
 /// `device-credential-install-status`: the stored result, if any.
-pub async fn install_status(db: &Db, host: &HostKey, device: &str, req_id: &str) -> Result<Option<Json>, DbError> {
+pub async fn install_status(
+    db: &Db,
+    host: &HostKey,
+    device: &str,
+    req_id: &str,
+) -> Result<Option<Json>, DbError> {
     let rows = db
         .query(
             "SELECT result_json FROM relay_install_results WHERE user_id = $1 AND relay_host_id = $2 \
@@ -524,13 +590,22 @@ pub async fn install_status(db: &Db, host: &HostKey, device: &str, req_id: &str)
         )
         .await?;
     match rows.first() {
-        Some(r) => serde_json::from_str(&r.str(0)).map(Some).map_err(|e| DbError::Fatal(e.to_string())),
+        Some(r) => serde_json::from_str(&r.str(0))
+            .map(Some)
+            .map_err(|e| DbError::Fatal(e.to_string())),
         None => Ok(None),
     }
 }
 
 /// `device-resume-confirm` (§7.2). Returns the result object (without `type`).
-pub async fn confirm(db: &Db, host: &HostKey, req_id: &str, basis_conn_id: &str, generation: i64, now: i64) -> Result<Json, CredError> {
+pub async fn confirm(
+    db: &Db,
+    host: &HostKey,
+    req_id: &str,
+    basis_conn_id: &str,
+    generation: i64,
+    now: i64,
+) -> Result<Json, CredError> {
     transaction!(db, "resume-confirm", |tx| {
         let (u, h) = (host.user_id.as_str(), host.relay_host_id.as_str());
         if let Some(r) = tx
@@ -557,7 +632,11 @@ pub async fn confirm(db: &Db, host: &HostKey, req_id: &str, basis_conn_id: &str,
         else {
             return Err(CredError::Code("confirmation_not_active"));
         };
-        let (device, accepted_version, accepted_as) = (b.str(0), b.opt_i64(1).unwrap_or(0), b.opt_str(2).unwrap_or_default());
+        let (device, accepted_version, accepted_as) = (
+            b.str(0),
+            b.opt_i64(1).unwrap_or(0),
+            b.opt_str(2).unwrap_or_default(),
+        );
         let Some(d) = tx
             .query_opt(
                 "SELECT current_version, current_expires_at, grace_version, grace_expires_at, revoked_at \
@@ -568,7 +647,8 @@ pub async fn confirm(db: &Db, host: &HostKey, req_id: &str, basis_conn_id: &str,
         else {
             return Err(CredError::Code("credential_not_found"));
         };
-        let (cur_v, mut cur_exp, grace_v, grace_exp) = (d.i64(0), d.i64(1), d.opt_i64(2), d.opt_i64(3));
+        let (cur_v, mut cur_exp, grace_v, grace_exp) =
+            (d.i64(0), d.i64(1), d.opt_i64(2), d.opt_i64(3));
         let renewed = if !d.is_null(4) {
             return Err(CredError::Code("reject-revoked"));
         } else if accepted_version == cur_v {
@@ -610,14 +690,27 @@ pub async fn confirm(db: &Db, host: &HostKey, req_id: &str, basis_conn_id: &str,
             params![u, h, req_id, basis_conn_id, result.to_string(), now],
         )
         .await?;
-        audit(tx, "resume-confirmed", host, &device, json!({"renewed": renewed, "currentVersion": cur_v}), now).await?;
+        audit(
+            tx,
+            "resume-confirmed",
+            host,
+            &device,
+            json!({"renewed": renewed, "currentVersion": cur_v}),
+            now,
+        )
+        .await?;
         Ok::<_, CredError>(result)
     })
 }
 
 /// `device-revoke`: sets `revoked_at`, invalidates every invite of the device (returns their offer
 /// `reqId`s), audits. An unknown device is fine.
-pub async fn revoke(db: &Db, host: &HostKey, device: &str, now: i64) -> Result<Vec<String>, DbError> {
+pub async fn revoke(
+    db: &Db,
+    host: &HostKey,
+    device: &str,
+    now: i64,
+) -> Result<Vec<String>, DbError> {
     transaction!(db, "device-revoke", |tx| {
         tx.execute(
             "UPDATE relay_devices SET revoked_at = $4, updated_at = $4 WHERE user_id = $1 AND relay_host_id = $2 \
@@ -652,19 +745,31 @@ mod tests {
             let a = create_invite(db, &h, "d1", "r1", now).await.unwrap();
             assert_eq!(a.expires_at, now + 570_000);
             let hash = match resolve(db, &h.relay_host_id, &a.token, now).await.unwrap() {
-                Some(Resolved::Invite { hash, user_id, device }) => {
+                Some(Resolved::Invite {
+                    hash,
+                    user_id,
+                    device,
+                }) => {
                     assert_eq!((user_id.as_str(), device.as_str()), ("u1", "d1"));
                     hash
                 }
                 other => panic!("{other:?}"),
             };
-            assert_eq!(resolve(db, "zzzzzzzzzzzzzzzz", &a.token, now).await.unwrap(), None);
+            assert_eq!(
+                resolve(db, "zzzzzzzzzzzzzzzz", &a.token, now)
+                    .await
+                    .unwrap(),
+                None
+            );
             // Reserve, a second reserve fails while held, fail → cooldown 2 s.
             let r = reserve_invite(db, &hash, now).await.unwrap().unwrap();
             assert_eq!(r.lease_expires_at, now + 15_000);
             assert!(reserve_invite(db, &hash, now).await.unwrap().is_none());
             assert_eq!(fail_invite(db, &hash, &r.id, now).await.unwrap(), None);
-            assert!(reserve_invite(db, &hash, now + 1_999).await.unwrap().is_none());
+            assert!(reserve_invite(db, &hash, now + 1_999)
+                .await
+                .unwrap()
+                .is_none());
             let mut t0 = now + 2_000;
             for attempt in 2..=5 {
                 let r = reserve_invite(db, &hash, t0).await.unwrap().unwrap();
@@ -674,15 +779,29 @@ mod tests {
                 }
                 t0 += 2_000;
             }
-            assert_eq!(resolve(db, &h.relay_host_id, &a.token, t0).await.unwrap(), None);
+            assert_eq!(
+                resolve(db, &h.relay_host_id, &a.token, t0).await.unwrap(),
+                None
+            );
             // A newer invite invalidates the older one.
             let b = create_invite(db, &h, "d2", "r2", now).await.unwrap();
             let c = create_invite(db, &h, "d2", "r3", now).await.unwrap();
             assert_eq!(c.invalidated_offers, vec!["r2".to_string()]);
-            assert_eq!(resolve(db, &h.relay_host_id, &b.token, now).await.unwrap(), None);
-            assert!(resolve(db, &h.relay_host_id, &c.token, now).await.unwrap().is_some());
+            assert_eq!(
+                resolve(db, &h.relay_host_id, &b.token, now).await.unwrap(),
+                None
+            );
+            assert!(resolve(db, &h.relay_host_id, &c.token, now)
+                .await
+                .unwrap()
+                .is_some());
             // Expiry.
-            assert_eq!(resolve(db, &h.relay_host_id, &c.token, now + 570_000).await.unwrap(), None);
+            assert_eq!(
+                resolve(db, &h.relay_host_id, &c.token, now + 570_000)
+                    .await
+                    .unwrap(),
+                None
+            );
         }
     }
 
@@ -690,17 +809,31 @@ mod tests {
     async fn mint_rate_30_per_minute() {
         for t in backends().await {
             let h = host();
-            let now = 1_700_000_040_000 - 1_700_000_040_000 % 60_000;
+            let now = 1_700_000_040_000;
             for i in 0..30 {
-                create_invite(&t.db, &h, "d", &format!("r{i}"), now + i).await.unwrap();
+                create_invite(&t.db, &h, "d", &format!("r{i}"), now + i)
+                    .await
+                    .unwrap();
             }
-            let e = create_invite(&t.db, &h, "d", "r31", now + 59_999).await.unwrap_err();
+            let e = create_invite(&t.db, &h, "d", "r31", now + 59_999)
+                .await
+                .unwrap_err();
             assert_eq!(e.code(), "rate_limit_exceeded");
-            create_invite(&t.db, &h, "d", "r32", now + 60_000).await.unwrap();
+            create_invite(&t.db, &h, "d", "r32", now + 60_000)
+                .await
+                .unwrap();
         }
     }
 
-    async fn basis(db: &Db, conn: &str, kind: &'static str, hash: Option<String>, v: Option<i64>, as_: Option<&'static str>, now: i64) {
+    async fn basis(
+        db: &Db,
+        conn: &str,
+        kind: &'static str,
+        hash: Option<String>,
+        v: Option<i64>,
+        as_: Option<&'static str>,
+        now: i64,
+    ) {
         persist_basis(
             db,
             &Basis {
@@ -748,12 +881,25 @@ mod tests {
             assert_eq!(a.ended_offers, vec!["offer".to_string()]);
             let again = install(db, &h, &req, 1, true, now + 5).await.unwrap();
             assert_eq!(again.result, a.result);
-            assert_eq!(install_status(db, &h, "d1", "i1").await.unwrap(), Some(a.result.clone()));
+            assert_eq!(
+                install_status(db, &h, "d1", "i1").await.unwrap(),
+                Some(a.result.clone())
+            );
             assert_eq!(install_status(db, &h, "d1", "i9").await.unwrap(), None);
-            assert_eq!(resolve(db, &h.relay_host_id, &inv.token, now).await.unwrap(), None, "consumed");
+            assert_eq!(
+                resolve(db, &h.relay_host_id, &inv.token, now)
+                    .await
+                    .unwrap(),
+                None,
+                "consumed"
+            );
             // Resume with R1.
             match resolve(db, &h.relay_host_id, &r1, now).await.unwrap() {
-                Some(Resolved::Resume { version: 1, accepted_as: "current", .. }) => {}
+                Some(Resolved::Resume {
+                    version: 1,
+                    accepted_as: "current",
+                    ..
+                }) => {}
                 other => panic!("{other:?}"),
             }
             basis(db, "b2", "resume", None, Some(1), Some("current"), now).await;
@@ -761,9 +907,21 @@ mod tests {
             assert_eq!(c["renewed"], true);
             assert_eq!(c["acceptedAs"], "current");
             assert_eq!(confirm(db, &h, "c1", "b2", 1, now + 20).await.unwrap(), c);
-            assert_eq!(confirm(db, &h, "c1", "bX", 1, now).await.unwrap_err().code(), "confirmation_tuple_mismatch");
+            assert_eq!(
+                confirm(db, &h, "c1", "bX", 1, now)
+                    .await
+                    .unwrap_err()
+                    .code(),
+                "confirmation_tuple_mismatch"
+            );
             deactivate_basis(db, "b2").await.unwrap();
-            assert_eq!(confirm(db, &h, "c2", "b2", 1, now).await.unwrap_err().code(), "confirmation_not_active");
+            assert_eq!(
+                confirm(db, &h, "c2", "b2", 1, now)
+                    .await
+                    .unwrap_err()
+                    .code(),
+                "confirmation_not_active"
+            );
             // Direct install rotates R1 to grace.
             let r2 = random_b64u32();
             let mut d = InstallRequest {
@@ -775,16 +933,29 @@ mod tests {
                     direct_auth_id: "x1".into(),
                 },
             };
-            assert_eq!(install(db, &h, &d, 1, true, now).await.unwrap_err().code(), "current_hash_mismatch");
+            assert_eq!(
+                install(db, &h, &d, 1, true, now).await.unwrap_err().code(),
+                "current_hash_mismatch"
+            );
             d.expected_current_hash = Some(token_hash(&r1));
-            assert_eq!(install(db, &h, &d, 1, false, now).await.unwrap_err().code(), "authorization_expired");
+            assert_eq!(
+                install(db, &h, &d, 1, false, now).await.unwrap_err().code(),
+                "authorization_expired"
+            );
             let b = install(db, &h, &d, 1, true, now).await.unwrap();
             assert_eq!(b.result["currentVersion"], 2);
             assert_eq!(b.result["graceExpiresAt"], now + 86_400_000);
             d.req_id = "i3".into();
-            assert_eq!(install(db, &h, &d, 1, true, now).await.unwrap_err().code(), "invalid_direct_authorization");
+            assert_eq!(
+                install(db, &h, &d, 1, true, now).await.unwrap_err().code(),
+                "invalid_direct_authorization"
+            );
             match resolve(db, &h.relay_host_id, &r1, now).await.unwrap() {
-                Some(Resolved::Resume { version: 1, accepted_as: "grace", .. }) => {}
+                Some(Resolved::Resume {
+                    version: 1,
+                    accepted_as: "grace",
+                    ..
+                }) => {}
                 other => panic!("{other:?}"),
             }
             basis(db, "b3", "resume", None, Some(1), Some("grace"), now).await;
@@ -805,7 +976,13 @@ mod tests {
                     basis_conn_id: "nope".into(),
                 },
             };
-            assert_eq!(install(db, &h, &bad, 1, true, now).await.unwrap_err().code(), "invalid_relay_basis");
+            assert_eq!(
+                install(db, &h, &bad, 1, true, now)
+                    .await
+                    .unwrap_err()
+                    .code(),
+                "invalid_relay_basis"
+            );
         }
     }
 }

@@ -12,8 +12,8 @@
 //! decisions are pure functions in the role modules, fed with rows read here.
 
 pub mod assignments;
-pub mod credentials;
 mod backend;
+pub mod credentials;
 pub mod migrate;
 mod postgres;
 mod sqlite;

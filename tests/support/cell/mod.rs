@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use clap::Parser;
-use orca_relay::cell::testkit::{self, HostControl, HostIdentity, Hello};
+use orca_relay::cell::testkit::{self, Hello, HostControl, HostIdentity};
 use orca_relay::config::{Config, ServeArgs};
 use orca_relay::server::{self, Running};
 use orca_relay::store::testing::{backends, temp_dir, TestDb};
@@ -96,10 +96,16 @@ impl Host {
     }
 
     pub async fn connect(&self, s: &Server) -> HostControl {
-        self.connect_with(s, &self.hello()).await.expect("control handshake")
+        self.connect_with(s, &self.hello())
+            .await
+            .expect("control handshake")
     }
 
-    pub async fn connect_with(&self, s: &Server, hello: &Hello) -> Result<HostControl, (u16, String)> {
+    pub async fn connect_with(
+        &self,
+        s: &Server,
+        hello: &Hello,
+    ) -> Result<HostControl, (u16, String)> {
         testkit::connect_control(&s.cell_url, &self.id, &self.token, &s.public_url, hello).await
     }
 }
