@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
-use orca_relay::cell::testkit::{self, ClientWs, HostControl, HostIdentity, Hello, Pair};
+use orca_relay::cell::testkit::{self, ClientWs, Hello, HostControl, HostIdentity, Pair};
 use serde_json::json;
 use tokio::sync::Semaphore;
 use tokio_tungstenite::tungstenite::Message;
@@ -93,18 +93,25 @@ static SOURCE: AtomicU64 = AtomicU64::new(1);
 /// A distinct client source per pair (the server trusts one proxy hop).
 fn source_header() -> Vec<(&'static str, String)> {
     let n = SOURCE.fetch_add(1, Ordering::Relaxed);
-    vec![("x-forwarded-for", format!("10.{}.{}.{}", (n >> 16) & 255, (n >> 8) & 255, n & 255))]
+    vec![(
+        "x-forwarded-for",
+        format!("10.{}.{}.{}", (n >> 16) & 255, (n >> 8) & 255, n & 255),
+    )]
 }
 
 /// Keeps a host's control alive: answers pings until the socket closes.
 fn keep_alive(mut c: HostControl) {
-    tokio::spawn(async move {
-        while c.recv(Duration::from_secs(3600)).await.is_ok() {}
-    });
+    tokio::spawn(async move { while c.recv(Duration::from_secs(3600)).await.is_ok() {} });
 }
 
 /// Sets up `hosts` hosts with `per_host` phones each; returns the pairs.
-async fn setup(a: &Arc<Args>, tag: &str, hosts: usize, per_host: usize, concurrency: usize) -> Vec<Pair> {
+async fn setup(
+    a: &Arc<Args>,
+    tag: &str,
+    hosts: usize,
+    per_host: usize,
+    concurrency: usize,
+) -> Vec<Pair> {
     let profile = a.public_url.clone().unwrap_or_else(|| a.url.clone());
     let sem = Arc::new(Semaphore::new(concurrency));
     let mut tasks = Vec::new();
@@ -138,10 +145,19 @@ async fn setup(a: &Arc<Args>, tag: &str, hosts: usize, per_host: usize, concurre
                 .expect("control");
             let mut pairs = Vec::new();
             for p in 0..per_host {
-                let invite = c.create_invite(&format!("r{p}"), &format!("d{p}")).await.expect("invite");
-                let pair = testkit::pair_phone(&cell_url, &mut c, &id.relay_host_id, &invite, &source_header())
+                let invite = c
+                    .create_invite(&format!("r{p}"), &format!("d{p}"))
                     .await
-                    .expect("pair");
+                    .expect("invite");
+                let pair = testkit::pair_phone(
+                    &cell_url,
+                    &mut c,
+                    &id.relay_host_id,
+                    &invite,
+                    &source_header(),
+                )
+                .await
+                .expect("pair");
                 pairs.push(pair);
             }
             keep_alive(c);
@@ -196,17 +212,38 @@ struct RawDir {
 /// Drives one pair on the raw TCP streams under the WebSockets (at a frame boundary): up to
 /// `inflight` frames outstanding per direction, windows refilled in batches. The generator stays
 /// cheap (no per-frame parsing or masking), so the server is what gets measured.
-async fn drive(phone: ClientWs, data: ClientWs, size: usize, inflight: usize, stop: Instant, up: Arc<AtomicU64>, down: Arc<AtomicU64>) -> (ClientWs, ClientWs) {
+async fn drive(
+    phone: ClientWs,
+    data: ClientWs,
+    size: usize,
+    inflight: usize,
+    stop: Instant,
+    up: Arc<AtomicU64>,
+    down: Arc<AtomicU64>,
+) -> (ClientWs, ClientWs) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio_tungstenite::MaybeTlsStream;
-    let (MaybeTlsStream::Plain(mut p), MaybeTlsStream::Plain(mut d)) = (phone.into_inner(), data.into_inner()) else {
+    let (MaybeTlsStream::Plain(mut p), MaybeTlsStream::Plain(mut d)) =
+        (phone.into_inner(), data.into_inner())
+    else {
         panic!("plain TCP only");
     };
     let frame = masked_frame(size);
-    let batch: Vec<u8> = frame.iter().copied().cycle().take(frame.len() * inflight).collect();
+    let batch: Vec<u8> = frame
+        .iter()
+        .copied()
+        .cycle()
+        .take(frame.len() * inflight)
+        .collect();
     let in_len = server_frame_len(size);
     let refill_at = inflight.saturating_sub((inflight / 4).max(1));
-    let new_dir = || RawDir { out: 0, write_pos: 0, write_end: 0, acc: 0, frames: 0 };
+    let new_dir = || RawDir {
+        out: 0,
+        write_pos: 0,
+        write_end: 0,
+        acc: 0,
+        frames: 0,
+    };
     let (mut u, mut w) = (new_dir(), new_dir()); // u: phone→host, w: host→phone
     let mut bp = vec![0u8; 64 * 1024];
     let mut bd = vec![0u8; 64 * 1024];
@@ -225,7 +262,12 @@ async fn drive(phone: ClientWs, data: ClientWs, size: usize, inflight: usize, st
                 dir.write_end = n * frame.len();
             }
         }
-        if !sending && u.out == 0 && w.out == 0 && u.write_pos == u.write_end && w.write_pos == w.write_end {
+        if !sending
+            && u.out == 0
+            && w.out == 0
+            && u.write_pos == u.write_end
+            && w.write_pos == w.write_end
+        {
             break;
         }
         let (uw, ww) = (u.write_pos < u.write_end, w.write_pos < w.write_end);
@@ -261,12 +303,20 @@ async fn drive(phone: ClientWs, data: ClientWs, size: usize, inflight: usize, st
     let cfg = Some(testkit::client_config());
     let role = tokio_tungstenite::tungstenite::protocol::Role::Client;
     (
-        tokio_tungstenite::WebSocketStream::from_raw_socket(MaybeTlsStream::Plain(p), role, cfg).await,
-        tokio_tungstenite::WebSocketStream::from_raw_socket(MaybeTlsStream::Plain(d), role, cfg).await,
+        tokio_tungstenite::WebSocketStream::from_raw_socket(MaybeTlsStream::Plain(p), role, cfg)
+            .await,
+        tokio_tungstenite::WebSocketStream::from_raw_socket(MaybeTlsStream::Plain(d), role, cfg)
+            .await,
     )
 }
 
-async fn throughput(pairs: Vec<Pair>, size: usize, inflight: usize, seconds: u64, pid: Option<u32>) -> (serde_json::Value, Vec<Pair>) {
+async fn throughput(
+    pairs: Vec<Pair>,
+    size: usize,
+    inflight: usize,
+    seconds: u64,
+    pid: Option<u32>,
+) -> (serde_json::Value, Vec<Pair>) {
     let cpu0 = pid.and_then(cpu_seconds);
     let up = Arc::new(AtomicU64::new(0));
     let down = Arc::new(AtomicU64::new(0));
@@ -276,12 +326,25 @@ async fn throughput(pairs: Vec<Pair>, size: usize, inflight: usize, seconds: u64
     let mut meta = Vec::new();
     for p in pairs {
         meta.push((p.hello, p.conn_id));
-        tasks.push(tokio::spawn(drive(p.phone, p.data, size, inflight, stop, up.clone(), down.clone())));
+        tasks.push(tokio::spawn(drive(
+            p.phone,
+            p.data,
+            size,
+            inflight,
+            stop,
+            up.clone(),
+            down.clone(),
+        )));
     }
     let mut back = Vec::new();
     for (t, (hello, conn_id)) in tasks.into_iter().zip(meta) {
         let (phone, data) = t.await.unwrap();
-        back.push(Pair { phone, data, hello, conn_id });
+        back.push(Pair {
+            phone,
+            data,
+            hello,
+            conn_id,
+        });
     }
     let secs = started.elapsed().as_secs_f64();
     let (u, d) = (up.load(Ordering::Relaxed), down.load(Ordering::Relaxed));
@@ -347,7 +410,12 @@ async fn latency(pairs: Vec<Pair>, rate: u64, seconds: u64) -> serde_json::Value
         all.extend(t.await.unwrap());
     }
     all.sort_unstable();
-    let pct = |p: f64| all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1))).copied().unwrap_or(0) as f64 / 1000.0;
+    let pct = |p: f64| {
+        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0) as f64
+            / 1000.0
+    };
     json!({"ratePerPairAndDirection": rate, "samples": all.len(), "p50Micros": pct(0.50), "p99Micros": pct(0.99)})
 }
 

@@ -36,7 +36,10 @@ async fn ping_pong_and_silence_timeout() {
         }
     }
     let el = last_pong.elapsed();
-    assert!(el >= Duration::from_secs(75) && el <= Duration::from_secs(92), "{el:?}");
+    assert!(
+        el >= Duration::from_secs(75) && el <= Duration::from_secs(92),
+        "{el:?}"
+    );
     s.running.shutdown().await;
 }
 
@@ -49,12 +52,24 @@ async fn expiring_token_drain_only_then_closed() {
     let s = start_on(&db.url, &[]).await;
     let host = Host::assigned(&s, "expiry").await;
     let k = orca_relay::crypto::self_hosted_key(SIGNING);
-    let (short, exp_ms) = orca_relay::crypto::mint_host_token(&k, &host.id.user_id, &s.public_url, &host.id.relay_host_id, orca_relay::clock::now_ms() - 880_000);
-    let short_host = Host { id: host.id.clone(), token: short, epoch: host.epoch };
+    let (short, exp_ms) = orca_relay::crypto::mint_host_token(
+        &k,
+        &host.id.user_id,
+        &s.public_url,
+        &host.id.relay_host_id,
+        orca_relay::clock::now_ms() - 880_000,
+    );
+    let short_host = Host {
+        id: host.id.clone(),
+        token: short,
+        epoch: host.epoch,
+    };
     let mut c = short_host.connect(&s).await;
     let invite = c.create_invite("r1", "d1").await.unwrap();
     let invite2 = c.create_invite("r2", "d2").await.unwrap();
-    let mut p = testkit::pair_phone(&s.cell_url, &mut c, &host.id.relay_host_id, &invite, &[]).await.unwrap();
+    let mut p = testkit::pair_phone(&s.cell_url, &mut c, &host.id.relay_host_id, &invite, &[])
+        .await
+        .unwrap();
     // Wait for the first tick past exp (ticks every 15 s; pong to stay alive).
     loop {
         let v = c.recv(Duration::from_secs(40)).await;
@@ -63,19 +78,39 @@ async fn expiring_token_drain_only_then_closed() {
             break;
         }
     }
-    c.send(json!({"type":"invite-create","reqId":"late","relayDeviceId":"d3"})).await;
-    assert_eq!(c.recv(SEC * 5).await.unwrap(), json!({"type":"control-error","reqId":"late","code":"authorization_expired"}));
-    let mut phone = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &invite2, &[]).await.unwrap();
+    c.send(json!({"type":"invite-create","reqId":"late","relayDeviceId":"d3"}))
+        .await;
+    assert_eq!(
+        c.recv(SEC * 5).await.unwrap(),
+        json!({"type":"control-error","reqId":"late","code":"authorization_expired"})
+    );
+    let mut phone = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &invite2, &[])
+        .await
+        .unwrap();
     assert_eq!(recv_json(&mut phone, SEC * 5).await.unwrap()["code"], 4404);
     p.phone.send(Message::text("splice runs")).await.unwrap();
-    assert_eq!(recv_json(&mut p.data, SEC * 5).await, Err((0, "not JSON: splice runs".into())));
+    assert_eq!(
+        recv_json(&mut p.data, SEC * 5).await,
+        Err((0, "not JSON: splice runs".into()))
+    );
     // A refresh restores active.
-    c.send(json!({"type":"auth-refresh","relayJwt": host.token})).await;
+    c.send(json!({"type":"auth-refresh","relayJwt": host.token}))
+        .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(c.create_invite("again", "d4").await.is_ok());
     // Without a refresh: a second short-lived control is closed 4401 after exp + 60 s.
-    let (short2, exp2) = orca_relay::crypto::mint_host_token(&k, &host.id.user_id, &s.public_url, &host.id.relay_host_id, orca_relay::clock::now_ms() - 895_000);
-    let h2 = Host { id: host.id.clone(), token: short2, epoch: host.epoch };
+    let (short2, exp2) = orca_relay::crypto::mint_host_token(
+        &k,
+        &host.id.user_id,
+        &s.public_url,
+        &host.id.relay_host_id,
+        orca_relay::clock::now_ms() - 895_000,
+    );
+    let h2 = Host {
+        id: host.id.clone(),
+        token: short2,
+        epoch: host.epoch,
+    };
     let mut c2 = h2.connect(&s).await;
     let closed = loop {
         match c2.recv(Duration::from_secs(100)).await {
@@ -85,7 +120,11 @@ async fn expiring_token_drain_only_then_closed() {
     };
     assert_eq!(closed, (4401, "relay authorization expired".into()));
     let now = orca_relay::clock::now_ms();
-    assert!(now > exp2 + 60_000 && now <= exp2 + 60_000 + 16_250, "{}", now - exp2);
+    assert!(
+        now > exp2 + 60_000 && now <= exp2 + 60_000 + 16_250,
+        "{}",
+        now - exp2
+    );
     drop(recv_close(&mut c.ws, Duration::from_millis(10)).await);
     s.running.shutdown().await;
 }

@@ -29,7 +29,9 @@ use crate::store::credentials::{self as creds, Resolved};
 /// A phone rejection: `relay-hello {ok:false, code}` then close with the same code.
 async fn reject(ws: &mut Ws, code: u16, r: &'static str) {
     let _ = ws
-        .send(Message::text(json!({"type":"relay-hello","ok":false,"code":code}).to_string()))
+        .send(Message::text(
+            json!({"type":"relay-hello","ok":false,"code":code}).to_string(),
+        ))
         .await;
     ws::close(ws, code, r).await;
 }
@@ -49,9 +51,12 @@ impl Held {
     /// Fails the reservation, releases the activity and the ledger unit.
     async fn undo(&mut self) {
         if let Some((hash, rid)) = self.invite.take() {
-            if let Ok(Some(offer)) = creds::fail_invite(&self.cell.ctx.db, &hash, &rid, now_ms()).await {
+            if let Ok(Some(offer)) =
+                creds::fail_invite(&self.cell.ctx.db, &hash, &rid, now_ms()).await
+            {
                 if let Some(k) = &self.key {
-                    self.cell.release_activity(k, format!("invite-offer:{offer}"));
+                    self.cell
+                        .release_activity(k, format!("invite-offer:{offer}"));
                 }
             }
         }
@@ -93,7 +98,13 @@ fn abandoned(key: &HostKey, stage: &str, started: i64) {
     );
 }
 
-pub async fn run_phone(cell: Arc<Cell>, mut ws: Ws, guard: ConnGuard, relay_host_id: String, source: String) {
+pub async fn run_phone(
+    cell: Arc<Cell>,
+    mut ws: Ws,
+    guard: ConnGuard,
+    relay_host_id: String,
+    source: String,
+) {
     let first = ws::first_frame(&mut ws, Duration::from_millis(limits::FIRST_FRAME_MS)).await;
     cell.preauth().leave(&source);
     let mut held = Held {
@@ -108,11 +119,21 @@ pub async fn run_phone(cell: Arc<Cell>, mut ws: Ws, guard: ConnGuard, relay_host
         First::Text(t) => t,
         First::Binary => {
             held.release_unit();
-            return ws::close(&mut ws, close::BAD_OUTER_CREDENTIAL, reason::FIRST_FRAME_MUST_BE_TEXT).await;
+            return ws::close(
+                &mut ws,
+                close::BAD_OUTER_CREDENTIAL,
+                reason::FIRST_FRAME_MUST_BE_TEXT,
+            )
+            .await;
         }
         First::Timeout => {
             held.release_unit();
-            return ws::close(&mut ws, close::BAD_OUTER_CREDENTIAL, reason::FIRST_FRAME_TIMEOUT).await;
+            return ws::close(
+                &mut ws,
+                close::BAD_OUTER_CREDENTIAL,
+                reason::FIRST_FRAME_TIMEOUT,
+            )
+            .await;
         }
         First::Oversize => {
             held.release_unit();
@@ -126,7 +147,12 @@ pub async fn run_phone(cell: Arc<Cell>, mut ws: Ws, guard: ConnGuard, relay_host
     };
     let Some(auth) = auth else {
         held.release_unit();
-        return reject(&mut ws, close::BAD_OUTER_CREDENTIAL, reason::INVALID_RELAY_AUTH).await;
+        return reject(
+            &mut ws,
+            close::BAD_OUTER_CREDENTIAL,
+            reason::INVALID_RELAY_AUTH,
+        )
+        .await;
     };
     match admit(&cell, &mut ws, &mut held, &relay_host_id, &auth.credential).await {
         Ok(Some(job)) => {
@@ -209,7 +235,11 @@ async fn admit(
         if st.drain_sent {
             return Err(Some((close::DRAINING, REJECTED)));
         }
-        let Some(c) = st.control.as_ref().filter(|_| st.state == State::Active && st.control_open()) else {
+        let Some(c) = st
+            .control
+            .as_ref()
+            .filter(|_| st.state == State::Active && st.control_open())
+        else {
             drop(st);
             return Err(Some(offline(cell, &key)));
         };
@@ -231,9 +261,17 @@ async fn admit(
     } else {
         ActivityKind::Confirmation
     };
-    if store::acquire_activity(db, &key, &activity, activity_kind, &cell.ctx.config.cell_id, None, now_ms())
-        .await
-        .is_err()
+    if store::acquire_activity(
+        db,
+        &key,
+        &activity,
+        activity_kind,
+        &cell.ctx.config.cell_id,
+        None,
+        now_ms(),
+    )
+    .await
+    .is_err()
     {
         return Err(Some((close::LIMIT_EXCEEDED, REJECTED)));
     }
@@ -259,7 +297,10 @@ async fn admit(
         let same = registered
             && !st.drain_sent
             && st.state == State::Active
-            && st.control.as_ref().is_some_and(|c| c.sock_id == sock_id && !c.tx.is_closed());
+            && st
+                .control
+                .as_ref()
+                .is_some_and(|c| c.sock_id == sock_id && !c.tx.is_closed());
         let full = st.load() >= limits::PER_HOST_CONNECTIONS;
         if !same || full {
             drop(st);
@@ -301,7 +342,21 @@ async fn admit(
             return Err(None);
         }
     };
-    Ok(attach(cell, ws, held, &session, &key, conn_id, &resolved, kind, lease, reserved_at, *leg, stash).await)
+    Ok(attach(
+        cell,
+        ws,
+        held,
+        &session,
+        &key,
+        conn_id,
+        &resolved,
+        kind,
+        lease,
+        reserved_at,
+        *leg,
+        stash,
+    )
+    .await)
 }
 
 /// Step-5 rejection: 4404 `relay connection rejected`, or `signed-out` when remembered (§5.3).
@@ -313,7 +368,11 @@ fn offline(cell: &Cell, key: &HostKey) -> (u16, &'static str) {
         .is_signed_out(key, now_ms());
     (
         close::HOST_OFFLINE,
-        if signed_out { reason::SIGNED_OUT } else { REJECTED },
+        if signed_out {
+            reason::SIGNED_OUT
+        } else {
+            REJECTED
+        },
     )
 }
 
@@ -392,7 +451,10 @@ async fn attach(
     leg: DataLeg,
     stash: Option<Message>,
 ) -> Option<SpliceJob> {
-    let DataLeg { ws: mut host, guard } = leg;
+    let DataLeg {
+        ws: mut host,
+        guard,
+    } = leg;
     let db = &cell.ctx.db;
     let splice_activity = format!("splice:{conn_id}");
     let now = now_ms();
@@ -425,9 +487,17 @@ async fn attach(
         },
     };
     let persisted = async {
-        store::acquire_activity(db, key, &splice_activity, ActivityKind::Splice, &cell.ctx.config.cell_id, None, now)
-            .await
-            .map_err(|_| ())?;
+        store::acquire_activity(
+            db,
+            key,
+            &splice_activity,
+            ActivityKind::Splice,
+            &cell.ctx.config.cell_id,
+            None,
+            now,
+        )
+        .await
+        .map_err(|_| ())?;
         creds::persist_basis(db, &basis, now).await.map_err(|_| ())
     }
     .await;
@@ -441,7 +511,11 @@ async fn attach(
         held.undo().await;
         tokio::join!(
             reject(phone, close::LIMIT_EXCEEDED, REJECTED),
-            ws::close(&mut host, close::LIMIT_EXCEEDED, reason::BASIS_PERSISTENCE_FAILED)
+            ws::close(
+                &mut host,
+                close::LIMIT_EXCEEDED,
+                reason::BASIS_PERSISTENCE_FAILED
+            )
         );
         return None;
     }
@@ -472,7 +546,11 @@ async fn attach(
         held.undo().await;
         tokio::join!(
             reject(phone, close::DRAINING, REJECTED),
-            ws::close(&mut host, close::DRAINING, reason::HOST_RETIRED_DURING_ATTACHMENT)
+            ws::close(
+                &mut host,
+                close::DRAINING,
+                reason::HOST_RETIRED_DURING_ATTACHMENT
+            )
         );
         return None;
     }
@@ -552,30 +630,56 @@ pub async fn run_splice(cell: Arc<Cell>, mut phone: Ws, phone_guard: ConnGuard, 
     } = job;
     cell.counts.splices.fetch_add(1, Ordering::Relaxed);
     cell.ctx.metrics.splices_active.inc();
+    // Take over both sockets' write wakers: the admission task registered its own when it sent
+    // `relay-hello`, and a waker keeps that task's (larger) allocation alive for the whole splice.
+    let _ = phone.flush().await;
+    let _ = host.flush().await;
     let (end, stats) = if phone_gone {
-        (splice::End::Dropped(splice::Side::Phone), splice::Stats::default())
+        (
+            splice::End::Dropped(splice::Side::Phone),
+            splice::Stats::default(),
+        )
     } else {
         if let Some(m) = stash {
             let _ = Box::pin(host.send(m)).await;
         }
-        splice::run(&mut phone, &mut host, &mut kill_rx, cell.splice_limits, &cell.budget).await
+        splice::run(
+            &mut phone,
+            &mut host,
+            &mut kill_rx,
+            cell.splice_limits,
+            &cell.budget,
+        )
+        .await
     };
     // Boxed: the teardown's store futures are not part of the idle splice's resident state.
     Box::pin(async move {
-        // The splice is over as soon as one side left: its basis stops authorizing confirmations
-        // now, not after the closing handshakes (which may wait up to 1 s for a silent peer).
-        session.lock().active.remove(&conn_id);
-        let (_, _) = tokio::join!(
-            splice::close_pair(&mut phone, &mut host, &end),
-            creds::deactivate_basis(&cell.ctx.db, &conn_id)
-        );
+        // The close handshakes (up to 1 s each) run alongside the bookkeeping, so the basis is
+        // inactive and the activities released as soon as the splice ends.
+        let bookkeeping = async {
+            session.lock().active.remove(&conn_id);
+            let _ = creds::deactivate_basis(&cell.ctx.db, &conn_id).await;
+            cell.release_activity(&key, splice_activity);
+            if let Some(a) = credential_activity {
+                cell.release_activity(&key, a);
+            }
+        };
+        tokio::join!(splice::close_pair(&mut phone, &mut host, &end), bookkeeping);
         cell.counts.splices.fetch_sub(1, Ordering::Relaxed);
         cell.ctx.metrics.splices_active.dec();
         let m = &cell.ctx.metrics;
-        m.splice_frames.with_label_values(&["to_host"]).inc_by(stats.frames_to_host);
-        m.splice_frames.with_label_values(&["to_phone"]).inc_by(stats.frames_to_phone);
-        m.splice_bytes.with_label_values(&["to_host"]).inc_by(stats.bytes_to_host);
-        m.splice_bytes.with_label_values(&["to_phone"]).inc_by(stats.bytes_to_phone);
+        m.splice_frames
+            .with_label_values(&["to_host"])
+            .inc_by(stats.frames_to_host);
+        m.splice_frames
+            .with_label_values(&["to_phone"])
+            .inc_by(stats.frames_to_phone);
+        m.splice_bytes
+            .with_label_values(&["to_host"])
+            .inc_by(stats.bytes_to_host);
+        m.splice_bytes
+            .with_label_values(&["to_phone"])
+            .inc_by(stats.bytes_to_phone);
         if end.is_abnormal() {
             let ((pc, pr), _) = end.closes();
             logging::event_warn(
@@ -583,25 +687,33 @@ pub async fn run_splice(cell: Arc<Cell>, mut phone: Ws, phone_guard: ConnGuard, 
                 json!({"host": logging::digest(&key.relay_host_id), "code": pc, "reason": pr}),
             );
         }
-        cell.release_activity(&key, splice_activity);
-        if let Some(a) = credential_activity {
-            cell.release_activity(&key, a);
-        }
         drop((guard, phone_guard));
     })
     .await;
 }
 
 /// The host data leg (§6) up to the hand-over to its phone.
-pub async fn run_data(cell: Arc<Cell>, mut ws: Ws, guard: ConnGuard, conn_id: String, source: String) {
+pub async fn run_data(
+    cell: Arc<Cell>,
+    mut ws: Ws,
+    guard: ConnGuard,
+    conn_id: String,
+    source: String,
+) {
     let first = ws::first_frame(&mut ws, Duration::from_millis(limits::FIRST_FRAME_MS)).await;
     cell.preauth().leave(&source);
     let restore = |cell: &Cell| cell.with_ledger(|l| l.restore_bound(&conn_id));
     let fail = |code, r| (code, r);
     let outcome = match first {
         First::Text(t) => Ok(t),
-        First::Binary => Err(fail(close::BAD_OUTER_CREDENTIAL, reason::FIRST_FRAME_MUST_BE_TEXT)),
-        First::Timeout => Err(fail(close::BAD_OUTER_CREDENTIAL, reason::FIRST_FRAME_TIMEOUT)),
+        First::Binary => Err(fail(
+            close::BAD_OUTER_CREDENTIAL,
+            reason::FIRST_FRAME_MUST_BE_TEXT,
+        )),
+        First::Timeout => Err(fail(
+            close::BAD_OUTER_CREDENTIAL,
+            reason::FIRST_FRAME_TIMEOUT,
+        )),
         First::Oversize => Err(fail(close::MESSAGE_TOO_BIG, "message too big")),
         First::Gone => {
             restore(&cell);
@@ -621,15 +733,21 @@ pub async fn run_data(cell: Arc<Cell>, mut ws: Ws, guard: ConnGuard, conn_id: St
     };
     let Some(auth) = auth else {
         restore(&cell);
-        return ws::close(&mut ws, close::BAD_OUTER_CREDENTIAL, reason::INVALID_HOST_DATA_AUTH).await;
+        return ws::close(
+            &mut ws,
+            close::BAD_OUTER_CREDENTIAL,
+            reason::INVALID_HOST_DATA_AUTH,
+        )
+        .await;
     };
-    let bad_ticket = (close::BAD_OUTER_CREDENTIAL, reason::INVALID_HOST_DATA_TICKET);
+    let bad_ticket = (
+        close::BAD_OUTER_CREDENTIAL,
+        reason::INVALID_HOST_DATA_TICKET,
+    );
     // Step 1.
     let owner = {
         let reg = cell.registry();
-        reg.pending_owner
-            .get(&conn_id)
-            .and_then(|k| reg.get(k))
+        reg.pending_owner.get(&conn_id).and_then(|k| reg.get(k))
     };
     let Some(session) = owner else {
         restore(&cell);
@@ -660,10 +778,18 @@ pub async fn run_data(cell: Arc<Cell>, mut ws: Ws, guard: ConnGuard, conn_id: St
         return ws::close(&mut ws, bad_ticket.0, bad_ticket.1).await;
     };
     cell.registry().pending_owner.remove(&conn_id);
-    if let Err(Attach::Data(leg)) = pending.tx.send(Attach::Data(Box::new(DataLeg { ws, guard }))) {
+    if let Err(Attach::Data(leg)) = pending
+        .tx
+        .send(Attach::Data(Box::new(DataLeg { ws, guard })))
+    {
         // The phone went away at the same moment.
         session.lock().active.remove(&conn_id);
         let mut leg = leg;
-        ws::close(&mut leg.ws, close::PEER_DROPPED, reason::PEER_CONNECTION_DROPPED).await;
+        ws::close(
+            &mut leg.ws,
+            close::PEER_DROPPED,
+            reason::PEER_CONNECTION_DROPPED,
+        )
+        .await;
     }
 }

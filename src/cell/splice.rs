@@ -334,6 +334,7 @@ where
     let mut up = Dir::default(); // phone → host
     let mut down = Dir::default(); // host → phone
     let mut kill_live = true;
+    let mut up_first = false;
     let mut timer: Option<Pin<Box<Sleep>>> = None;
     let end = poll_fn(|cx| {
         if kill_live {
@@ -344,11 +345,18 @@ where
                 Poll::Pending => {}
             }
         }
-        if let Poll::Ready(end) = up.pump(cx, phone, host, Side::Phone, &limits, budget) {
-            return Poll::Ready(end);
-        }
-        if let Poll::Ready(end) = down.pump(cx, host, phone, Side::Host, &limits, budget) {
-            return Poll::Ready(end);
+        // Alternate which direction goes first: the runtime's cooperative budget is shared by
+        // both, and a fixed order lets a busy first direction starve the second.
+        up_first = !up_first;
+        for leg in 0..2 {
+            let r = if (leg == 0) == up_first {
+                up.pump(cx, phone, host, Side::Phone, &limits, budget)
+            } else {
+                down.pump(cx, host, phone, Side::Host, &limits, budget)
+            };
+            if let Poll::Ready(end) = r {
+                return Poll::Ready(end);
+            }
         }
         // Wedge timer and the 25 ms low-water re-check, only while something overflows.
         let since = match (up.overflow_since, down.overflow_since) {

@@ -809,7 +809,7 @@ mod tests {
     async fn mint_rate_30_per_minute() {
         for t in backends().await {
             let h = host();
-            let now = 1_700_000_040_000 - 1_700_000_040_000 % 60_000;
+            let now = 1_700_000_040_000;
             for i in 0..30 {
                 create_invite(&t.db, &h, "d", &format!("r{i}"), now + i)
                     .await
