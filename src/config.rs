@@ -196,6 +196,25 @@ pub struct ServeArgs {
     pub push_oauth_token_url: Option<String>,
 }
 
+impl ServeArgs {
+    /// Parses `serve` flags (environment variables still apply), for tests and embedding.
+    pub fn parse_flags<I, T>(args: I) -> Result<ServeArgs, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Flags {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        let argv = std::iter::once(std::ffi::OsString::from("orca-relay"))
+            .chain(args.into_iter().map(Into::into));
+        Flags::try_parse_from(argv).map(|f| f.args)
+    }
+}
+
 /// Which roles this process runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Roles {

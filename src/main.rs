@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use orca_relay::cli;
 use orca_relay::config::{Config, ServeArgs};
 
 #[derive(Parser)]
@@ -24,6 +25,24 @@ enum Command {
     Serve(ServeArgs),
     /// Apply pending schema migrations to ORCA_RELAY_DATABASE_URL and exit.
     Migrate(ServeArgs),
+    /// Call the operator routes of a running server and print the answer.
+    Admin {
+        #[command(flatten)]
+        target: cli::Target,
+        #[command(subcommand)]
+        command: cli::AdminCommand,
+    },
+    /// Mint a self-hosted host token against a running server (development aid).
+    HostToken {
+        #[command(flatten)]
+        target: cli::Target,
+        /// The host's X25519 public key, canonical padded base64.
+        #[arg(long)]
+        key: String,
+        /// Token subject (default `self-hosted`).
+        #[arg(long)]
+        user_id: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -33,6 +52,24 @@ fn main() -> ExitCode {
         None => serve(&cli.serve),
         Some(Command::Serve(args)) => serve(&args),
         Some(Command::Migrate(args)) => migrate(&args),
+        Some(Command::Admin { target, command }) => {
+            report(runtime().block_on(cli::admin(&target, &command)))
+        }
+        Some(Command::HostToken {
+            target,
+            key,
+            user_id,
+        }) => report(runtime().block_on(cli::host_token(&target, &key, user_id.as_deref()))),
+    }
+}
+
+fn report(r: Result<(), String>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(1)
+        }
     }
 }
 

@@ -177,15 +177,16 @@ impl Running {
         self.ctx.shutdown.cancel();
         let cell = self.cell.clone();
         let push = self.push.clone();
-        let (_, _) = tokio::join!(
+        let (_, push_ok) = tokio::join!(
             async {
                 if let Some(c) = &cell {
                     c.shutdown().await;
                 }
             },
             async {
-                if let Some(p) = &push {
-                    p.shutdown().await;
+                match &push {
+                    Some(p) => p.shutdown().await,
+                    None => true,
                 }
             }
         );
@@ -196,12 +197,18 @@ impl Running {
         let _ = tokio::time::timeout(Duration::from_secs(8), self.http.wait()).await;
         self.accept.abort();
         self.ctx.db.close();
-        0
+        if push_ok {
+            0
+        } else {
+            1
+        }
     }
 }
 
 /// `orca-relay serve`: start, wait for SIGTERM/SIGINT, shut down within 10 s.
 pub async fn run(config: Config) -> i32 {
+    // Handlers first: a signal that arrives while starting must not kill the process untidily.
+    let signal = wait_for_signal();
     let running = match start(config).await {
         Ok(r) => r,
         Err(e) => {
@@ -209,7 +216,7 @@ pub async fn run(config: Config) -> i32 {
             return 1;
         }
     };
-    wait_for_signal().await;
+    signal.await;
     // The hard deadline: whatever is still running after 10 s is abandoned.
     std::thread::spawn(|| {
         std::thread::sleep(Duration::from_millis(
@@ -221,20 +228,25 @@ pub async fn run(config: Config) -> i32 {
     running.shutdown().await
 }
 
-async fn wait_for_signal() {
+/// Registers the SIGTERM/SIGINT handlers now; the returned future completes on the first signal.
+fn wait_for_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
         let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
+        async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 
@@ -377,7 +389,18 @@ fn common_routes(
     let c = ctx.clone();
     let ready = warp::path!("ready").and(warp::get()).then(move || {
         let c = c.clone();
-        async move { ready_response(c.readiness.check().await) }
+        async move {
+            let verdict = c.readiness.check().await;
+            // A validation-mode push process is a deploy preflight: it is ready only when the
+            // database already carries every migration this binary knows (push.md §1).
+            if verdict.is_ready() && c.config.push.mode == crate::config::PushMode::Validation {
+                match migrate::is_current(&c.db).await {
+                    Ok(true) => {}
+                    _ => return ready_response(Verdict::Unavailable),
+                }
+            }
+            ready_response(verdict)
+        }
     });
     let c = ctx.clone();
     let metrics = warp::path!("metrics")

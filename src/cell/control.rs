@@ -397,13 +397,20 @@ pub fn retire(cell: &Cell, s: &Session, control_close: (u16, &'static str)) {
     st.state = State::Closed;
     st.orphan_seq += 1;
     st.close_all(splice, pending);
-    if let Some(c) = st.control.take() {
-        c.send(ControlOut::Close(control_close.0, control_close.1));
-    }
+    let control = st.control.take();
     let activity = std::mem::take(&mut st.activity_id);
     drop(st);
-    if !activity.is_empty() {
-        cell.release_activity(&s.key, activity);
+    // The control lease is released before the host hears the close: a host that re-resolves at
+    // once must never find its old control still charged to this cell next to the new one.
+    let close = move || {
+        if let Some(c) = control {
+            c.send(ControlOut::Close(control_close.0, control_close.1));
+        }
+    };
+    if activity.is_empty() {
+        close();
+    } else {
+        cell.release_activity_then(&s.key, activity, close);
     }
     cell.registry().remove_if(s);
 }

@@ -32,3 +32,42 @@ impl Cell {
         }
     }
 }
+
+/// Starts the heartbeat loop (protocol.md §12): the first beat is awaited here, so a process that
+/// also runs the director has its local cell live before it answers any request; then one beat
+/// every 15 s, single-flight (a slow beat delays the next tick, missed ticks are skipped), until
+/// shutdown.
+pub async fn start(cell: &std::sync::Arc<Cell>) {
+    use crate::director::heartbeat_client::{beat_once, Target, INTERVAL};
+    let Some(target) = Target::choose(&cell.ctx, cell.director.clone()) else {
+        return;
+    };
+    let beat = |cell: std::sync::Arc<Cell>, target: std::sync::Arc<Target>| async move {
+        let ready = cell.ctx.readiness.check().await.is_ready();
+        let body = cell.heartbeat_body(ready);
+        let outcome = beat_once(&cell.ctx, &target, &body).await;
+        let label = if outcome.is_ok() { "ok" } else { "failed" };
+        cell.ctx
+            .metrics
+            .heartbeats
+            .with_label_values(&[label])
+            .inc();
+        if let Err(reason) = outcome {
+            log::warn!("[orca-relay] cell heartbeat failed {reason}");
+        }
+    };
+    let target = std::sync::Arc::new(target);
+    beat(cell.clone(), target.clone()).await;
+    let cell = cell.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + INTERVAL, INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                _ = cell.ctx.shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            beat(cell.clone(), target.clone()).await;
+        }
+    });
+}

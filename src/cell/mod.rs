@@ -61,6 +61,8 @@ pub struct Cell {
     pub drain_epoch: AtomicU64,
     pub renewer: renew::Renewer,
     pub counts: Counts,
+    /// Store writes that must finish before the process exits (activity releases).
+    pub background: tokio_util::task::TaskTracker,
 }
 
 /// Live counts for `/v1/admin/runtime-status` and heartbeats.
@@ -102,9 +104,11 @@ impl Cell {
             drain_epoch: AtomicU64::new(0),
             renewer,
             counts: Counts::default(),
+            background: tokio_util::task::TaskTracker::new(),
             ctx,
             director,
         });
+        heartbeat::start(&cell).await;
         Ok(cell)
     }
 
@@ -150,6 +154,9 @@ impl Cell {
     /// SIGTERM: drain with the shutdown grace and close every socket (protocol.md §11).
     pub async fn shutdown(self: &Arc<Self>) {
         drain::shutdown(self).await;
+        self.background.close();
+        let _ =
+            tokio::time::timeout(std::time::Duration::from_secs(3), self.background.wait()).await;
     }
 
     pub fn preauth(&self) -> std::sync::MutexGuard<'_, PreAuth> {
@@ -173,20 +180,38 @@ impl Cell {
     }
 
     /// Releases an activity in the background (idempotent in the store; failures are logged).
+    /// Releases are tracked so shutdown can wait for them: a drained process must not leave its
+    /// control leases charged to the cell after it exits.
     pub fn release_activity(&self, key: &HostKey, activity_id: String) {
+        self.release_activity_then(key, activity_id, || {});
+    }
+
+    /// As [`Cell::release_activity`], then runs `then` (also when the release fails or takes more
+    /// than 2 s, so a stuck database never keeps a socket open).
+    pub fn release_activity_then(
+        &self,
+        key: &HostKey,
+        activity_id: String,
+        then: impl FnOnce() + Send + 'static,
+    ) {
         let db = self.ctx.db.clone();
         let key = key.clone();
-        tokio::spawn(async move {
+        self.background.spawn(async move {
             let now = crate::clock::now_ms();
-            if let Err(e) =
-                crate::store::assignments::release_activity(&db, &key, &activity_id, now).await
-            {
+            let release = crate::store::assignments::release_activity(&db, &key, &activity_id, now);
+            let outcome = tokio::time::timeout(std::time::Duration::from_secs(2), release).await;
+            if !matches!(outcome, Ok(Ok(()))) {
+                let error = match outcome {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "timeout".into(),
+                };
                 log::warn!(
-                    "[orca-relay] activity release failed host={} kind={} error={e}",
+                    "[orca-relay] activity release failed host={} kind={} error={error}",
                     crate::logging::digest(&key.relay_host_id),
                     activity_id.split(':').next().unwrap_or("")
                 );
             }
+            then();
         });
     }
 }

@@ -83,7 +83,7 @@ mod tests {
         assert_eq!(decode_key32(&format!("{}=", &text[..42])), None, "short");
         assert_eq!(decode_key32(&url_encode(&[0xfb; 32])), None, "url alphabet");
         assert_eq!(decode_key32(&text.replace('B', "-")), None);
-        // Non-zero padding bits: ...8= decodes leniently elsewhere but is not canonical.
+        // `…PxN=` differs from the canonical `…PxM=` only in the padding bits.
         assert_eq!(
             decode_key32("e06Qm75//kTEZaIgA31gjuNYl9Me+XLwf3SJLLD3PxN="),
             None

@@ -1,6 +1,7 @@
-//! Relay host proof (protocol.md §3.3–§3.4): the cell proves nothing, the host proves it holds the X25519
-//! secret behind `relayHostId` by opening a box sealed to its public key and MACing the transcript with the
-//! secret inside. The transcript binds the proof to this relay, token identity, epoch and generation.
+//! Relay host proof (protocol.md §3.3–§3.4): the host proves it holds the X25519 secret behind
+//! `relayHostId` by opening a box sealed to its public key and MACing the transcript with the secret
+//! inside. The transcript binds the proof to this relay origin, the token identity, epoch and generation,
+//! so a proof cannot be replayed to another cell, user or activation.
 
 use std::fmt;
 

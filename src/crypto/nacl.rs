@@ -13,7 +13,7 @@ use x25519_dalek::{PublicKey, StaticSecret};
 pub const BOX_OVERHEAD: usize = 16;
 
 /// An X25519 key pair held as raw bytes. `Debug` shows only the public half.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct X25519Keypair {
     pub secret: [u8; 32],
     pub public: [u8; 32],
@@ -161,7 +161,7 @@ mod tests {
         let a = X25519Keypair::generate();
         let b = X25519Keypair::generate();
         assert_ne!(a.secret, b.secret);
-        assert_eq!(X25519Keypair::from_secret(a.secret), a);
+        assert_eq!(X25519Keypair::from_secret(a.secret).public, a.public);
         let sealed = seal(b"hi", &[9; 24], &b.public, &a.secret);
         assert_eq!(
             open(&sealed, &[9; 24], &a.public, &b.secret).unwrap(),

@@ -1,21 +1,53 @@
 //! The director role: placement, heartbeats and liveness, rolling restarts, fences, evacuations
 //! (director.md), plus `POST /v1/host-token` (protocol.md §2.1).
+//!
+//! Decisions are pure functions (`liveness`, `placement`); durable work is in `store::{cells,
+//! placement, assignments, migrations}`; this module and `routes` are the glue.
 
+pub mod admin;
+pub mod connect_redirect;
+pub mod heartbeat;
+pub mod heartbeat_client;
 pub mod host_token;
+pub mod lanes;
+pub mod liveness;
+pub mod placement;
+pub mod rejections;
+pub mod routes;
+pub mod sweeps;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use tokio_util::sync::CancellationToken;
 use warp::filters::BoxedFilter;
-use warp::Filter;
 
 use crate::app::Ctx;
+use crate::contract::wire::CellHeartbeat;
+use crate::crypto::jwt::{HostTokenVerifier, JwksSource};
 use crate::http::Response;
+use crate::store::cells::{self, BeatError, CellSpec};
+
+pub use heartbeat::HeartbeatRefusal;
+use lanes::Lane;
+use liveness::Admission;
+use rejections::RejectLog;
 
 /// The director of this process.
 pub struct Director {
     pub ctx: Ctx,
     /// K of protocol.md §2.1: the HS256 key of self-hosted host tokens.
     pub host_token_key: [u8; 32],
+    pub verifier: HostTokenVerifier,
+    pub placement_lane: Arc<Lane>,
+    pub sticky_lane: Arc<Lane>,
+    pub resolve_lane: Arc<Lane>,
+    pub rejects: Arc<RejectLog>,
+    /// `/v1/regions` cache (30 s, single-flight).
+    pub(crate) regions_cache: tokio::sync::Mutex<Option<(std::time::Instant, serde_json::Value)>>,
+    /// Pre-auth admission of the invite redirect's phone sockets.
+    pub redirect_admission: connect_redirect::RedirectAdmission,
+    stop: CancellationToken,
+    sweeps: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Director {
@@ -26,30 +58,154 @@ impl Director {
             .assignment_signing_key
             .clone()
             .ok_or("ORCA_RELAY_ASSIGNMENT_SIGNING_KEY is required for role director")?;
-        Ok(Arc::new(Director {
-            host_token_key: crate::crypto::jwt::self_hosted_key(&signing),
+        let key = crate::crypto::jwt::self_hosted_key(&signing);
+        let jwks = match (&ctx.config.auth_issuer, &ctx.config.jwks_url) {
+            (Some(issuer), Some(url)) => Some(JwksSource {
+                issuer: issuer.clone(),
+                url: url.clone(),
+            }),
+            _ => None,
+        };
+        let cfg = &ctx.config;
+        let resolve_cfg = crate::config::LaneConfig {
+            concurrency: 1,
+            queue_max: 128,
+            wait_ms: 5_000,
+            retry_after_s: cfg.placement_lane.retry_after_s,
+        };
+        let director = Arc::new(Director {
+            host_token_key: key,
+            verifier: HostTokenVerifier::new(key, jwks),
+            placement_lane: Lane::new("placement", cfg.placement_lane, true),
+            sticky_lane: Lane::new("sticky", cfg.sticky_lane, true),
+            resolve_lane: Lane::new("resolve", resolve_cfg, false),
+            rejects: RejectLog::new(),
+            regions_cache: tokio::sync::Mutex::new(None),
+            redirect_admission: Default::default(),
+            stop: CancellationToken::new(),
+            sweeps: Mutex::new(None),
             ctx,
-        }))
+        });
+        director.register_configured_cells().await?;
+        let handle = sweeps::spawn(director.clone(), director.stop.clone());
+        *director.sweeps.lock().unwrap() = Some(handle);
+        Ok(director)
+    }
+
+    /// `ORCA_RELAY_CELLS` (all or nothing) and the local cell of a process that also runs `cell`.
+    async fn register_configured_cells(&self) -> Result<(), String> {
+        let cfg = &self.ctx.config;
+        let mut specs: Vec<CellSpec> = cfg
+            .cells
+            .iter()
+            .map(|c| CellSpec {
+                cell_id: c.id.clone(),
+                cell_url: c.url.clone(),
+                region: c.region.clone(),
+                capacity_requests: c.capacity_requests,
+                cap_and_bound: c.connection_hard_cap.zip(c.connection_unobserved_bound),
+                initial_state: c
+                    .initial_state
+                    .as_deref()
+                    .and_then(Admission::parse)
+                    .unwrap_or(Admission::General),
+            })
+            .collect();
+        if cfg.roles.cell && !specs.iter().any(|s| s.cell_id == cfg.cell_id) {
+            specs.push(CellSpec {
+                cell_id: cfg.cell_id.clone(),
+                cell_url: cfg.cell_url.clone(),
+                region: cfg.region.clone(),
+                capacity_requests: cfg.cell_capacity,
+                cap_and_bound: cfg
+                    .hard_cap
+                    .map(|h| (h.cap as i64, h.unobserved_bound as i64)),
+                initial_state: Admission::General,
+            });
+        }
+        if specs.is_empty() {
+            return Ok(());
+        }
+        cells::upsert_all(&self.ctx.db, &specs, crate::clock::now_ms())
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("ORCA_RELAY_CELLS: cannot register cells: {e:?}"))
+    }
+
+    /// A heartbeat that entered in-process or through `POST /v1/admin/cell-heartbeat` (after the
+    /// token checks): the same validation and transaction either way.
+    pub async fn heartbeat(&self, body: &CellHeartbeat) -> Result<(), HeartbeatRefusal> {
+        let beat = match heartbeat::validate(body, &self.ctx.config.regions) {
+            Ok(b) => b,
+            Err(HeartbeatRefusal::Invalid(msg)) => {
+                log::warn!("[orca-relay] cell heartbeat invalid: {msg}");
+                return Err(HeartbeatRefusal::Invalid(msg));
+            }
+            Err(e) => return Err(e),
+        };
+        self.apply_beat(&beat).await
+    }
+
+    pub(crate) async fn apply_beat(
+        &self,
+        beat: &crate::store::cells::Beat,
+    ) -> Result<(), HeartbeatRefusal> {
+        let r = cells::heartbeat(&self.ctx.db, beat, crate::clock::now_ms()).await;
+        let outcome = match &r {
+            Ok(()) => "ok",
+            Err(BeatError::Refused(code)) => code,
+            Err(BeatError::Db(_)) => "database_unavailable",
+        };
+        self.ctx
+            .metrics
+            .heartbeats
+            .with_label_values(&[outcome])
+            .inc();
+        if r.is_ok() {
+            self.ctx
+                .metrics
+                .cell_live
+                .with_label_values(&[&beat.cell_id])
+                .set(beat.ready as i64);
+        }
+        match r {
+            Ok(()) => Ok(()),
+            Err(BeatError::Refused(code)) => Err(HeartbeatRefusal::Refused(code)),
+            Err(BeatError::Db(e)) => {
+                log::warn!("[orca-relay] cell heartbeat failed: {e}");
+                Err(HeartbeatRefusal::Unavailable)
+            }
+        }
     }
 
     /// The director's HTTP routes.
     pub fn routes(self: &Arc<Self>) -> BoxedFilter<(Response,)> {
-        host_token::route(self.clone()).boxed()
+        routes::all(self.clone())
     }
 
     /// `/v1/connect/<relayHostId>` on a director without a cell: the invite redirect of
     /// protocol.md §5.5.
     pub async fn connect_redirect(
         self: &Arc<Self>,
-        _req: http::Request<hyper::body::Incoming>,
-        _peer: std::net::SocketAddr,
+        req: http::Request<hyper::body::Incoming>,
+        peer: std::net::SocketAddr,
     ) -> Response {
-        crate::http::error(
-            http::StatusCode::NOT_FOUND,
-            crate::contract::errors::CELL_ONLY,
-        )
+        connect_redirect::handle(self, req, peer).await
     }
 
     /// Stops background loops (sweeps, workers) at shutdown.
-    pub async fn shutdown(&self) {}
+    pub async fn shutdown(&self) {
+        self.stop.cancel();
+        let handle = self.sweeps.lock().unwrap().take();
+        if let Some(h) = handle {
+            let _ = h.await;
+        }
+    }
+}
+
+impl Director {
+    /// Drops the `/v1/regions` cache (what 30 s of waiting does).
+    pub async fn expire_regions_cache(&self) {
+        *self.regions_cache.lock().await = None;
+    }
 }

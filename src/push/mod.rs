@@ -1,35 +1,176 @@
-//! The push gateway role (push.md).
+//! The push gateway role (push.md): host challenge and sessions, the device registry, `/v1/send`
+//! with quotas, idempotency and dismissal fences, and the durable delivery worker that talks to APNs
+//! and FCM.
+//!
+//! Layout: [`model`] (schemas and pure rules), [`ratelimit`] (buckets and admission, pure),
+//! [`store`] (all push SQL), [`routes`] (HTTP glue), [`worker`] (claim/lease/finish),
+//! [`apns`] / [`fcm`] (providers), [`jobs`] (prune, counters, gauge).
 
-use std::sync::Arc;
+pub mod apns;
+pub mod fcm;
+pub mod jobs;
+pub mod model;
+pub mod provider;
+pub mod ratelimit;
+pub mod routes;
+pub mod store;
+pub mod worker;
 
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use warp::filters::BoxedFilter;
-use warp::Filter;
 
 use crate::app::Ctx;
+use crate::config::PushMode;
 use crate::http::Response;
+use ratelimit::{Admission, Buckets};
+
+/// Push's part of the shutdown must end within 9 s of the signal.
+const SHUTDOWN_BUDGET: Duration = Duration::from_millis(8_500);
+const COUNTERS_EVERY: Duration = Duration::from_secs(60);
+
+/// The per-process buckets of push.md §9.
+pub struct Limits {
+    pub unauth: Buckets,
+    pub auth: Buckets,
+    pub invalid_bearer: Buckets,
+    pub per_host: Buckets,
+}
 
 /// The push gateway of this process.
 pub struct Push {
     pub ctx: Ctx,
+    validation: bool,
+    limits: Mutex<Limits>,
+    admission: Admission,
+    worker: Option<Arc<worker::Worker>>,
+    counters: Arc<jobs::Counters>,
+    /// In-flight push requests (awaited at shutdown).
+    requests: TaskTracker,
+    /// Stops prune, counters and gauge timers.
+    stop: CancellationToken,
 }
 
 impl Push {
     pub async fn start(ctx: Ctx) -> Result<Arc<Push>, String> {
-        Ok(Arc::new(Push { ctx }))
+        let cfg = &ctx.config.push;
+        let validation = cfg.mode == PushMode::Validation;
+        let apns = match &cfg.apns {
+            Some(a) => Some(Arc::new(apns::Apns::new(
+                a,
+                &cfg.apns_topic,
+                cfg.apns_base_url.clone(),
+            )?)),
+            None => None,
+        };
+        let fcm = match &cfg.fcm {
+            Some(f) => Some(Arc::new(fcm::Fcm::new(
+                f,
+                &cfg.fcm_base_url,
+                &cfg.oauth_token_url,
+            )?)),
+            None => None,
+        };
+        let stop = CancellationToken::new();
+        let counters = Arc::new(jobs::Counters::new());
+        let worker = if validation {
+            None
+        } else {
+            let w = worker::Worker::new(ctx.clone(), apns, fcm);
+            w.spawn();
+            // Deliveries left by a previous process are due already.
+            w.wake();
+            jobs::spawn_prune(ctx.clone(), stop.clone());
+            Some(w)
+        };
+        jobs::spawn_counters(ctx.clone(), counters.clone(), COUNTERS_EVERY, stop.clone());
+        if !validation {
+            jobs::spawn_gauge(ctx.clone(), stop.clone());
+        }
+        Ok(Arc::new(Push {
+            ctx,
+            validation,
+            limits: Mutex::new(Limits {
+                unauth: Buckets::new(30),
+                auth: Buckets::new(6000),
+                invalid_bearer: Buckets::new(30),
+                per_host: Buckets::new(600),
+            }),
+            admission: Admission::new(4, 32),
+            worker,
+            counters,
+            requests: TaskTracker::new(),
+            stop,
+        }))
     }
 
     /// The push routes.
     pub fn routes(self: &Arc<Self>) -> BoxedFilter<(Response,)> {
-        warp::any()
-            .and_then(|| async { Err::<Response, _>(warp::reject::not_found()) })
-            .boxed()
+        routes::filter(self.clone())
     }
 
     /// Extra `/health` fields of the push role.
     pub fn health_fields(&self) -> serde_json::Value {
-        serde_json::json!({ "pushProtocol": 1, "deliveryProtocol": 2 })
+        let mut v = serde_json::json!({ "pushProtocol": 1, "deliveryProtocol": 2 });
+        if self.validation {
+            v["pushMode"] = "validation".into();
+        }
+        v
     }
 
-    /// SIGTERM: stop claiming, let in-flight deliveries finish (≤ 9 s).
-    pub async fn shutdown(&self) {}
+    /// The admin overview's `push` object.
+    pub async fn overview(&self) -> serde_json::Value {
+        let now = crate::clock::now_ms();
+        let depth = store::queue_depth(&self.ctx.db, now).await.unwrap_or(0);
+        let dead = store::dead_registrations(&self.ctx.db).await.unwrap_or(0);
+        serde_json::json!({ "queueDepth": depth, "deadRegistrations": dead })
+    }
+
+    /// Logs the `orca_push_counters` line now if any counter moved.
+    pub fn emit_counters(&self) -> bool {
+        self.counters.emit(&self.ctx)
+    }
+
+    /// SIGTERM: refuse new requests, await in-flight ones, stop timers, stop claiming and let
+    /// in-flight deliveries finish (≤ 9 s in all), then log a final counters line.
+    /// Returns false when push missed its deadline (the process then exits non-zero).
+    pub async fn shutdown(&self) -> bool {
+        self.stop.cancel();
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_BUDGET;
+        self.requests.close();
+        let worker_done = async {
+            match &self.worker {
+                Some(w) => w.shutdown(SHUTDOWN_BUDGET).await,
+                None => true,
+            }
+        };
+        let requests_done = tokio::time::timeout_at(deadline, self.requests.wait());
+        let (worker_ok, requests_ok) = tokio::join!(worker_done, requests_done);
+        let ok = worker_ok && requests_ok.is_ok();
+        if !ok {
+            crate::logging::event_warn(
+                "orca_push_shutdown_failed",
+                serde_json::json!({"error": "deadline", "target": if worker_ok { "requests" } else { "worker" }}),
+            );
+        }
+        self.emit_counters();
+        ok
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.is_cancelled()
+    }
+
+    fn limits(&self) -> MutexGuard<'_, Limits> {
+        self.limits.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn wake_worker(&self) {
+        if let Some(w) = &self.worker {
+            w.wake();
+        }
+    }
 }

@@ -6,7 +6,8 @@
 //! OWNERSHIP: implemented by the director work (placement shares these tables and counters); the
 //! signatures are the contract the cell codes against.
 
-use super::{Db, DbError};
+use super::{Db, DbError, Tx};
+use crate::{params, transaction};
 
 /// A host: (`userId` = host-token `sub`, `relayHostId`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -122,6 +123,419 @@ pub enum RenewalOutcome {
     DatabaseError,
 }
 
+// ---------------------------------------------------------------------------------------------------
+// Shared row helpers (also used by placement, sweeps and migrations).
+
+/// Lease TTL of a grant's `control-pending:<epoch>` and of a default activity (director.md §5.1).
+pub const LEASE_TTL_MS: i64 = 90_000;
+/// Wait for an assignment row in cell-driven operations (director.md §2).
+pub const CELL_DRIVEN_WAIT_MS: u64 = 1_000;
+
+/// The stored `relay_assignments` row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AssignmentRow {
+    pub cell_id: String,
+    pub assignment_epoch: i64,
+    pub lease_expires_at: i64,
+    pub last_activity_at: i64,
+    pub counters: [i64; 6],
+    pub preferred_region: Option<String>,
+}
+
+/// Columns of [`AssignmentRow`], in order.
+pub const ROW_COLUMNS: &str = "cell_id, assignment_epoch, lease_expires_at, last_activity_at, \
+     reserved_controls, reserved_splices, reserved_invites, pending_installs, pending_confirmations, \
+     migration_leases, preferred_region";
+
+impl AssignmentRow {
+    pub fn from_row(r: &super::Row) -> AssignmentRow {
+        AssignmentRow {
+            cell_id: r.str(0),
+            assignment_epoch: r.i64(1),
+            lease_expires_at: r.i64(2),
+            last_activity_at: r.i64(3),
+            counters: [r.i64(4), r.i64(5), r.i64(6), r.i64(7), r.i64(8), r.i64(9)],
+            preferred_region: r.opt_str(10),
+        }
+    }
+}
+
+/// One activity lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub activity_id: String,
+    pub kind: String,
+    pub cell_id: String,
+    pub request_units: i64,
+    pub expires_at: i64,
+    pub control_generation: Option<i64>,
+    pub cell_incarnation: Option<String>,
+    pub idle_regional_rehome: bool,
+    pub renewed_at: Option<i64>,
+}
+
+pub const LEASE_COLUMNS: &str = "activity_id, activity_kind, cell_id, request_units, expires_at, \
+     control_generation, cell_incarnation, idle_regional_rehome, renewed_at";
+
+impl Lease {
+    pub fn from_row(r: &super::Row) -> Lease {
+        Lease {
+            activity_id: r.str(0),
+            kind: r.str(1),
+            cell_id: r.str(2),
+            request_units: r.i64(3),
+            expires_at: r.i64(4),
+            control_generation: r.opt_i64(5),
+            cell_incarnation: r.opt_str(6),
+            idle_regional_rehome: r.bool(7),
+            renewed_at: r.opt_i64(8),
+        }
+    }
+}
+
+/// Locks the host's assignment row: `NOWAIT` when `wait_ms` is `None`, else a bounded wait.
+/// A lock that is not granted is `DbError::LockUnavailable`.
+pub async fn lock_row(
+    tx: &mut Tx,
+    host: &HostKey,
+    wait_ms: Option<u64>,
+) -> Result<Option<AssignmentRow>, DbError> {
+    let sql = match wait_ms {
+        None => format!(
+            "SELECT {ROW_COLUMNS} FROM relay_assignments WHERE user_id = $1 AND relay_host_id = $2 FOR UPDATE NOWAIT"
+        ),
+        Some(ms) => {
+            tx.set_lock_timeout(ms).await?;
+            format!(
+                "SELECT {ROW_COLUMNS} FROM relay_assignments WHERE user_id = $1 AND relay_host_id = $2 FOR UPDATE"
+            )
+        }
+    };
+    let row = tx
+        .query_opt(&sql, params![&host.user_id, &host.relay_host_id])
+        .await?;
+    Ok(row.as_ref().map(AssignmentRow::from_row))
+}
+
+/// Plain read of the host's row.
+pub async fn read_row(db: &Db, host: &HostKey) -> Result<Option<AssignmentRow>, DbError> {
+    let rows = db
+        .query(
+            &format!(
+                "SELECT {ROW_COLUMNS} FROM relay_assignments WHERE user_id = $1 AND relay_host_id = $2"
+            ),
+            params![&host.user_id, &host.relay_host_id],
+        )
+        .await?;
+    Ok(rows.first().map(AssignmentRow::from_row))
+}
+
+/// The host's leases, locked (tier 2).
+pub async fn lock_leases(tx: &mut Tx, host: &HostKey) -> Result<Vec<Lease>, DbError> {
+    let rows = tx
+        .query(
+            &format!(
+                "SELECT {LEASE_COLUMNS} FROM relay_assignment_activity_leases \
+                 WHERE user_id = $1 AND relay_host_id = $2 ORDER BY activity_id FOR UPDATE"
+            ),
+            params![&host.user_id, &host.relay_host_id],
+        )
+        .await?;
+    Ok(rows.iter().map(Lease::from_row).collect())
+}
+
+/// The host's open migration (tier 2, locked): `(assignment_epoch, source, target, registered_at)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenMigration {
+    pub assignment_epoch: i64,
+    pub kind: String,
+    pub source_cell_id: String,
+    pub target_cell_id: String,
+    pub previous_epoch: i64,
+    pub target_registered_at: Option<i64>,
+    pub created_at: i64,
+}
+
+pub async fn lock_open_migration(
+    tx: &mut Tx,
+    host: &HostKey,
+) -> Result<Option<OpenMigration>, DbError> {
+    let row = tx
+        .query_opt(
+            "SELECT assignment_epoch, kind, source_cell_id, target_cell_id, previous_epoch, \
+             target_registered_at, created_at FROM relay_assignment_migrations \
+             WHERE user_id = $1 AND relay_host_id = $2 AND completed_at IS NULL AND aborted_at IS NULL \
+             ORDER BY assignment_epoch DESC FOR UPDATE",
+            params![&host.user_id, &host.relay_host_id],
+        )
+        .await?;
+    Ok(row.map(|r| OpenMigration {
+        assignment_epoch: r.i64(0),
+        kind: r.str(1),
+        source_cell_id: r.str(2),
+        target_cell_id: r.str(3),
+        previous_epoch: r.i64(4),
+        target_registered_at: r.opt_i64(5),
+        created_at: r.i64(6),
+    }))
+}
+
+/// Locks the host's connection reservations (tier 3).
+pub async fn lock_reservations(tx: &mut Tx, host: &HostKey) -> Result<(), DbError> {
+    tx.query(
+        "SELECT reservation_id FROM relay_connection_reservations \
+         WHERE user_id = $1 AND relay_host_id = $2 AND state <> 'released' FOR UPDATE",
+        params![&host.user_id, &host.relay_host_id],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Charges `units` to `cell_id` if it fits its capacity; false when it does not.
+pub async fn charge_cell(
+    tx: &mut Tx,
+    cell_id: &str,
+    units: i64,
+    now: i64,
+) -> Result<bool, DbError> {
+    if units == 0 {
+        return Ok(true);
+    }
+    let n = tx
+        .execute(
+            "UPDATE relay_cells SET reserved_requests = reserved_requests + $2, updated_at = $3 \
+             WHERE cell_id = $1 AND reserved_requests + $2 <= capacity_requests",
+            params![cell_id, units, now],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// Frees `units` on `cell_id`.
+pub async fn free_cell(tx: &mut Tx, cell_id: &str, units: i64, now: i64) -> Result<(), DbError> {
+    if units == 0 {
+        return Ok(());
+    }
+    tx.execute(
+        "UPDATE relay_cells SET reserved_requests = CASE WHEN reserved_requests >= $2 \
+         THEN reserved_requests - $2 ELSE 0 END, updated_at = $3 WHERE cell_id = $1",
+        params![cell_id, units, now],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Deletes one lease and frees its units.
+pub async fn delete_lease(
+    tx: &mut Tx,
+    host: &HostKey,
+    lease: &Lease,
+    now: i64,
+) -> Result<(), DbError> {
+    let n = tx
+        .execute(
+            "DELETE FROM relay_assignment_activity_leases WHERE user_id = $1 AND relay_host_id = $2 AND activity_id = $3",
+            params![&host.user_id, &host.relay_host_id, &lease.activity_id],
+        )
+        .await?;
+    if n > 0 {
+        free_cell(tx, &lease.cell_id, lease.request_units, now).await?;
+    }
+    Ok(())
+}
+
+/// Inserts a lease row (the caller charged its units).
+#[allow(clippy::too_many_arguments)]
+pub async fn insert_lease(
+    tx: &mut Tx,
+    host: &HostKey,
+    activity_id: &str,
+    kind: &str,
+    cell_id: &str,
+    units: i64,
+    expires_at: i64,
+    now: i64,
+) -> Result<(), DbError> {
+    tx.execute(
+        "INSERT INTO relay_assignment_activity_leases (user_id, relay_host_id, activity_id, activity_kind, \
+         cell_id, request_units, expires_at, idle_regional_rehome, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9)",
+        params![
+            &host.user_id,
+            &host.relay_host_id,
+            activity_id,
+            kind,
+            cell_id,
+            units,
+            expires_at,
+            false,
+            now
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Recomputes the six counters from the lease rows and raises `lease_expires_at` to the leases'
+/// latest expiry (never lowering it); optionally sets `last_activity_at`.
+pub async fn refresh_row(
+    tx: &mut Tx,
+    host: &HostKey,
+    last_activity_at: Option<i64>,
+    now: i64,
+) -> Result<(), DbError> {
+    let counts = tx
+        .query(
+            "SELECT activity_kind, COUNT(*), MAX(expires_at) FROM relay_assignment_activity_leases \
+             WHERE user_id = $1 AND relay_host_id = $2 GROUP BY activity_kind",
+            params![&host.user_id, &host.relay_host_id],
+        )
+        .await?;
+    let mut c = [0i64; 6];
+    let mut max_exp = 0i64;
+    for r in &counts {
+        let i = match r.str(0).as_str() {
+            "control" => 0,
+            "splice" => 1,
+            "invite" => 2,
+            "install" => 3,
+            "confirmation" => 4,
+            _ => 5,
+        };
+        c[i] = r.i64(1);
+        max_exp = max_exp.max(r.i64(2));
+    }
+    tx.execute(
+        "UPDATE relay_assignments SET reserved_controls = $3, reserved_splices = $4, reserved_invites = $5, \
+         pending_installs = $6, pending_confirmations = $7, migration_leases = $8, \
+         lease_expires_at = CASE WHEN lease_expires_at >= $9 THEN lease_expires_at ELSE $9 END, \
+         last_activity_at = CASE WHEN CAST($10 AS BIGINT) IS NULL THEN last_activity_at ELSE CAST($10 AS BIGINT) END, \
+         updated_at = $11 WHERE user_id = $1 AND relay_host_id = $2",
+        params![
+            &host.user_id,
+            &host.relay_host_id,
+            c[0],
+            c[1],
+            c[2],
+            c[3],
+            c[4],
+            c[5],
+            max_exp,
+            last_activity_at,
+            now
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Inserts a `reserved` reservation for (host, epoch, cell) unless one exists (invariant 6).
+pub async fn reserve_connection(
+    tx: &mut Tx,
+    host: &HostKey,
+    epoch: i64,
+    cell_id: &str,
+    now: i64,
+) -> Result<(), DbError> {
+    let exists = tx
+        .query_opt(
+            "SELECT reservation_id FROM relay_connection_reservations WHERE user_id = $1 AND relay_host_id = $2 \
+             AND assignment_epoch = $3 AND cell_id = $4 AND state = 'reserved'",
+            params![&host.user_id, &host.relay_host_id, epoch, cell_id],
+        )
+        .await?;
+    if exists.is_none() {
+        tx.execute(
+            "INSERT INTO relay_connection_reservations (reservation_id, user_id, relay_host_id, assignment_epoch, \
+             cell_id, state, created_at, timeout_at) VALUES ($1, $2, $3, $4, $5, 'reserved', $6, $7)",
+            params![
+                uuid::Uuid::new_v4().to_string(),
+                &host.user_id,
+                &host.relay_host_id,
+                epoch,
+                cell_id,
+                now,
+                now + LEASE_TTL_MS
+            ],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// The host's `reserved` reservations of `epoch` → `released` (a move off that epoch).
+pub async fn release_epoch_reservations(
+    tx: &mut Tx,
+    host: &HostKey,
+    epoch: i64,
+    now: i64,
+) -> Result<(), DbError> {
+    tx.execute(
+        "UPDATE relay_connection_reservations SET state = 'released', released_at = $4 \
+         WHERE user_id = $1 AND relay_host_id = $2 AND assignment_epoch = $3 AND state = 'reserved'",
+        params![&host.user_id, &host.relay_host_id, epoch, now],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Parses `control:<cellId>:<generation>` into `(cellId, generation)`.
+pub fn parse_control_id(id: &str) -> Option<(&str, i64)> {
+    let rest = id.strip_prefix("control:")?;
+    let (cell, generation) = rest.rsplit_once(':')?;
+    if !crate::contract::validate::is_cell_id(cell) {
+        return None;
+    }
+    let g = parse_decimal(generation)?;
+    Some((cell, g))
+}
+
+/// A decimal integer 0..2^53−1 without sign or leading zeros.
+pub fn parse_decimal(s: &str) -> Option<i64> {
+    if s.is_empty() || s.len() > 16 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    if s.len() > 1 && s.starts_with('0') {
+        return None;
+    }
+    let v: i64 = s.parse().ok()?;
+    crate::contract::validate::is_safe_integer(v).then_some(v)
+}
+
+/// Checks an activity id against its kind (director.md §5.1, §5.5).
+pub fn check_activity_id(id: &str, kind: ActivityKind) -> Result<(), ActivityError> {
+    use crate::contract::validate::is_opaque_id;
+    if id.starts_with("control-pending:") || id.starts_with("migration:") {
+        return Err(ActivityError::InvalidActivityKind);
+    }
+    let ok = match kind {
+        ActivityKind::Control => parse_control_id(id).is_some(),
+        ActivityKind::Splice => id.strip_prefix("splice:").is_some_and(is_opaque_id),
+        ActivityKind::Invite => id
+            .strip_prefix("invite:")
+            .or_else(|| id.strip_prefix("invite-offer:"))
+            .is_some_and(is_opaque_id),
+        ActivityKind::Install => id.strip_prefix("install:").is_some_and(is_opaque_id),
+        ActivityKind::Confirmation => id.strip_prefix("confirmation:").is_some_and(is_opaque_id),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(ActivityError::InvalidActivityId)
+    }
+}
+
+/// Request units of a kind (director.md §5.1).
+pub fn kind_units(kind: ActivityKind) -> i64 {
+    match kind {
+        ActivityKind::Splice => 2,
+        _ => 1,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The operations of director.md §5.5
+
 /// True iff the host's row names `cell_id` at exactly `epoch` (plain read).
 pub async fn verify_cell_assignment(
     db: &Db,
@@ -129,8 +543,9 @@ pub async fn verify_cell_assignment(
     cell_id: &str,
     epoch: i64,
 ) -> Result<bool, DbError> {
-    let _ = (db, host, cell_id, epoch);
-    todo!("director work")
+    Ok(read_row(db, host)
+        .await?
+        .is_some_and(|r| r.cell_id == cell_id && r.assignment_epoch == epoch))
 }
 
 /// The host's home, epoch and lease (plain read, no side effects).
@@ -138,8 +553,19 @@ pub async fn resolve_assignment(
     db: &Db,
     host: &HostKey,
 ) -> Result<Option<AssignmentView>, DbError> {
-    let _ = (db, host);
-    todo!("director work")
+    let rows = db
+        .query(
+            "SELECT a.cell_id, c.cell_url, a.assignment_epoch, a.lease_expires_at FROM relay_assignments a \
+             JOIN relay_cells c ON c.cell_id = a.cell_id WHERE a.user_id = $1 AND a.relay_host_id = $2",
+            params![&host.user_id, &host.relay_host_id],
+        )
+        .await?;
+    Ok(rows.first().map(|r| AssignmentView {
+        cell_id: r.str(0),
+        cell_url: r.str(1),
+        assignment_epoch: r.i64(2),
+        lease_expires_at: r.i64(3),
+    }))
 }
 
 /// Converts `control-pending:<epoch>` (or charges 1) into `control:<cellId>:<generation>`; returns
@@ -150,8 +576,90 @@ pub async fn activate_control(
     req: &ActivateControl,
     now: i64,
 ) -> Result<String, ActivityError> {
-    let _ = (db, host, req, now);
-    todo!("director work")
+    let id = format!("control:{}:{}", req.cell_id, req.generation);
+    let incarnation = req.cell_incarnation.to_ascii_lowercase();
+    transaction!(db, "activity-lease", |tx| {
+        let row = lock_row(tx, host, Some(CELL_DRIVEN_WAIT_MS)).await?;
+        let row = match row {
+            Some(r) if r.cell_id == req.cell_id && r.assignment_epoch == req.assignment_epoch => r,
+            _ => return Err(ActivityError::WrongAssignment),
+        };
+        let leases = lock_leases(tx, host).await?;
+        lock_reservations(tx, host).await?;
+        let pending_id = format!("control-pending:{}", row.assignment_epoch);
+        let pending = leases
+            .iter()
+            .find(|l| l.activity_id == pending_id && l.cell_id == req.cell_id);
+        let existing = leases.iter().find(|l| l.activity_id == id);
+        match (existing, pending) {
+            (Some(_), Some(p)) => delete_lease(tx, host, p, now).await?,
+            (Some(_), None) => {}
+            (None, Some(_)) => {
+                tx.execute(
+                    "UPDATE relay_assignment_activity_leases SET activity_id = $4 \
+                     WHERE user_id = $1 AND relay_host_id = $2 AND activity_id = $3",
+                    params![&host.user_id, &host.relay_host_id, &pending_id, &id],
+                )
+                .await?;
+            }
+            (None, None) => {
+                if !charge_cell(tx, &req.cell_id, 1, now).await? {
+                    return Err(ActivityError::RelayCapacityExhausted);
+                }
+                insert_lease(
+                    tx,
+                    host,
+                    &id,
+                    "control",
+                    &req.cell_id,
+                    1,
+                    now + LEASE_TTL_MS,
+                    now,
+                )
+                .await?;
+            }
+        }
+        tx.execute(
+            "UPDATE relay_assignment_activity_leases SET control_generation = $4, cell_incarnation = $5, \
+             idle_regional_rehome = $6, renewed_at = $7, expires_at = $8, updated_at = $7 \
+             WHERE user_id = $1 AND relay_host_id = $2 AND activity_id = $3",
+            params![
+                &host.user_id,
+                &host.relay_host_id,
+                &id,
+                req.generation,
+                &incarnation,
+                req.idle_regional_rehome,
+                now,
+                now + LEASE_TTL_MS
+            ],
+        )
+        .await?;
+        for l in &leases {
+            if let Some((cell, g)) = parse_control_id(&l.activity_id) {
+                if cell == req.cell_id && g < req.generation {
+                    delete_lease(tx, host, l, now).await?;
+                }
+            }
+        }
+        tx.execute(
+            "UPDATE relay_connection_reservations SET state = 'claimed', cell_incarnation = $5, \
+             inclusion_watermark = $6, claimed_at = $7 WHERE user_id = $1 AND relay_host_id = $2 \
+             AND assignment_epoch = $3 AND cell_id = $4 AND state = 'reserved'",
+            params![
+                &host.user_id,
+                &host.relay_host_id,
+                req.assignment_epoch,
+                &req.cell_id,
+                &incarnation,
+                req.connection_inclusion_watermark,
+                now
+            ],
+        )
+        .await?;
+        refresh_row(tx, host, Some(now), now).await?;
+        Ok(id.clone())
+    })
 }
 
 /// Marks the open migration targeting `cell_id` at `epoch` as registered.
@@ -162,8 +670,17 @@ pub async fn mark_migration_target_registered(
     epoch: i64,
     now: i64,
 ) -> Result<(), DbError> {
-    let _ = (db, host, cell_id, epoch, now);
-    todo!("director work")
+    transaction!(db, "migration", |tx| {
+        lock_row(tx, host, Some(CELL_DRIVEN_WAIT_MS)).await?;
+        tx.execute(
+            "UPDATE relay_assignment_migrations SET target_registered_at = $5, updated_at = $5 \
+             WHERE user_id = $1 AND relay_host_id = $2 AND target_cell_id = $3 AND assignment_epoch = $4 \
+             AND completed_at IS NULL AND aborted_at IS NULL AND target_registered_at IS NULL",
+            params![&host.user_id, &host.relay_host_id, cell_id, epoch, now],
+        )
+        .await?;
+        Ok::<_, DbError>(())
+    })
 }
 
 /// Acquires or extends `activity_id` on `cell_id` (default expiry now + 90 000).
@@ -176,8 +693,67 @@ pub async fn acquire_activity(
     expires_at: Option<i64>,
     now: i64,
 ) -> Result<(), ActivityError> {
-    let _ = (db, host, activity_id, kind, cell_id, expires_at, now);
-    todo!("director work")
+    check_activity_id(activity_id, kind)?;
+    let expires_at = expires_at.unwrap_or(now + LEASE_TTL_MS);
+    let max = if kind == ActivityKind::Control {
+        120_000
+    } else {
+        600_000
+    };
+    if expires_at <= now || expires_at > now + max {
+        return Err(ActivityError::InvalidActivityExpiry);
+    }
+    transaction!(db, "activity-lease", |tx| {
+        let row = match lock_row(tx, host, Some(CELL_DRIVEN_WAIT_MS)).await? {
+            Some(r) => r,
+            None => return Err(ActivityError::AssignmentNotFound),
+        };
+        let leases = lock_leases(tx, host).await?;
+        let migration = lock_open_migration(tx, host).await?;
+        let authoritative = row.cell_id == cell_id
+            || (kind != ActivityKind::Control
+                && migration
+                    .as_ref()
+                    .is_some_and(|m| m.source_cell_id == cell_id));
+        if !authoritative {
+            return Err(ActivityError::ActivityCellNotAuthoritative);
+        }
+        match leases.iter().find(|l| l.activity_id == activity_id) {
+            Some(l) => {
+                tx.execute(
+                    "UPDATE relay_assignment_activity_leases SET expires_at = $4, updated_at = $5 \
+                     WHERE user_id = $1 AND relay_host_id = $2 AND activity_id = $3",
+                    params![
+                        &host.user_id,
+                        &host.relay_host_id,
+                        activity_id,
+                        l.expires_at.max(expires_at),
+                        now
+                    ],
+                )
+                .await?;
+            }
+            None => {
+                let units = kind_units(kind);
+                if !charge_cell(tx, cell_id, units, now).await? {
+                    return Err(ActivityError::RelayCapacityExhausted);
+                }
+                insert_lease(
+                    tx,
+                    host,
+                    activity_id,
+                    kind.as_str(),
+                    cell_id,
+                    units,
+                    expires_at,
+                    now,
+                )
+                .await?;
+            }
+        }
+        refresh_row(tx, host, Some(now), now).await?;
+        Ok(())
+    })
 }
 
 /// Deletes the lease if present and frees its units (idempotent).
@@ -187,8 +763,20 @@ pub async fn release_activity(
     activity_id: &str,
     now: i64,
 ) -> Result<(), DbError> {
-    let _ = (db, host, activity_id, now);
-    todo!("director work")
+    transaction!(db, "activity-lease", |tx| {
+        if lock_row(tx, host, Some(CELL_DRIVEN_WAIT_MS))
+            .await?
+            .is_none()
+        {
+            return Ok(());
+        }
+        let leases = lock_leases(tx, host).await?;
+        if let Some(l) = leases.iter().find(|l| l.activity_id == activity_id) {
+            delete_lease(tx, host, l, now).await?;
+            refresh_row(tx, host, Some(now), now).await?;
+        }
+        Ok::<_, DbError>(())
+    })
 }
 
 /// Renews a batch of control activities of one cell, one outcome per row, in order.
@@ -199,6 +787,140 @@ pub async fn renew_control_activities(
     rows: &[RenewalRow],
     now: i64,
 ) -> Vec<RenewalOutcome> {
-    let _ = (db, cell_id, cell_incarnation, rows, now);
-    todo!("director work")
+    let incarnation = cell_incarnation.to_ascii_lowercase();
+    // Pre-checks that need no database.
+    let pre: Vec<Option<RenewalOutcome>> = rows
+        .iter()
+        .map(|r| match parse_control_id(&r.activity_id) {
+            Some((c, _)) if c == cell_id => {
+                if r.expires_at <= now || r.expires_at > now + 120_000 {
+                    Some(RenewalOutcome::InvalidActivityExpiry)
+                } else {
+                    None
+                }
+            }
+            _ => Some(RenewalOutcome::InvalidActivityId),
+        })
+        .collect();
+    let mut hosts: Vec<&HostKey> = rows
+        .iter()
+        .zip(&pre)
+        .filter(|(_, p)| p.is_none())
+        .map(|(r, _)| &r.host)
+        .collect();
+    hosts.sort();
+    hosts.dedup();
+    let result: Result<Vec<RenewalOutcome>, DbError> = transaction!(db, "activity-lease", |tx| {
+        // Tier 1 in key order, skipping rows locked elsewhere.
+        let mut locked: std::collections::HashMap<&HostKey, Option<AssignmentRow>> =
+            std::collections::HashMap::new();
+        for h in &hosts {
+            let r = tx
+                .query_opt(
+                    &format!(
+                        "SELECT {ROW_COLUMNS} FROM relay_assignments WHERE user_id = $1 AND relay_host_id = $2 \
+                         FOR UPDATE SKIP LOCKED"
+                    ),
+                    params![&h.user_id, &h.relay_host_id],
+                )
+                .await?;
+            let row = r.map(|r| AssignmentRow::from_row(&r));
+            locked.insert(*h, row);
+        }
+        let mut out = Vec::with_capacity(rows.len());
+        for (r, p) in rows.iter().zip(&pre) {
+            if let Some(p) = p {
+                out.push(*p);
+                continue;
+            }
+            let row = match locked.get(&r.host).cloned().flatten() {
+                Some(row) => row,
+                None => {
+                    // Skipped by the locking read, or absent: a plain read tells which.
+                    let seen = tx
+                        .query_opt(
+                            "SELECT cell_id FROM relay_assignments WHERE user_id = $1 AND relay_host_id = $2",
+                            params![&r.host.user_id, &r.host.relay_host_id],
+                        )
+                        .await?;
+                    out.push(if seen.is_some() {
+                        RenewalOutcome::AssignmentLockUnavailable
+                    } else {
+                        RenewalOutcome::AssignmentNotFound
+                    });
+                    continue;
+                }
+            };
+            if row.cell_id != cell_id {
+                out.push(RenewalOutcome::ActivityCellNotAuthoritative);
+                continue;
+            }
+            let lease = tx
+                .query_opt(
+                    &format!(
+                        "SELECT {LEASE_COLUMNS} FROM relay_assignment_activity_leases \
+                         WHERE user_id = $1 AND relay_host_id = $2 AND activity_id = $3 FOR UPDATE"
+                    ),
+                    params![&r.host.user_id, &r.host.relay_host_id, &r.activity_id],
+                )
+                .await?
+                .map(|x| Lease::from_row(&x));
+            let lease = match lease {
+                Some(l) => l,
+                None => {
+                    out.push(RenewalOutcome::ControlActivityNotFound);
+                    continue;
+                }
+            };
+            if lease.cell_id != cell_id
+                || lease
+                    .cell_incarnation
+                    .as_deref()
+                    .is_some_and(|i| i != incarnation)
+            {
+                out.push(RenewalOutcome::ControlActivityMoved);
+                continue;
+            }
+            let generation = parse_control_id(&r.activity_id).map(|(_, g)| g);
+            tx.execute(
+                "UPDATE relay_assignment_activity_leases SET expires_at = $4, renewed_at = $5, updated_at = $5, \
+                 cell_incarnation = CASE WHEN cell_incarnation IS NULL THEN CAST($6 AS TEXT) ELSE cell_incarnation END, \
+                 control_generation = CASE WHEN control_generation IS NULL THEN CAST($7 AS BIGINT) ELSE control_generation END \
+                 WHERE user_id = $1 AND relay_host_id = $2 AND activity_id = $3",
+                params![
+                    &r.host.user_id,
+                    &r.host.relay_host_id,
+                    &r.activity_id,
+                    r.expires_at,
+                    now,
+                    &incarnation,
+                    generation
+                ],
+            )
+            .await?;
+            tx.execute(
+                "UPDATE relay_assignment_activity_leases SET expires_at = $4, updated_at = $5 \
+                 WHERE user_id = $1 AND relay_host_id = $2 AND cell_id = $3 AND expires_at > $5 \
+                 AND expires_at < $4 AND activity_kind IN ('splice', 'confirmation')",
+                params![
+                    &r.host.user_id,
+                    &r.host.relay_host_id,
+                    cell_id,
+                    r.expires_at,
+                    now
+                ],
+            )
+            .await?;
+            refresh_row(tx, &r.host, Some(now), now).await?;
+            out.push(RenewalOutcome::Renewed);
+        }
+        Ok::<_, DbError>(out)
+    });
+    match result {
+        Ok(v) => v,
+        Err(e) => {
+            log::warn!("[orca-relay] control renewal batch failed: {e}");
+            vec![RenewalOutcome::DatabaseError; rows.len()]
+        }
+    }
 }

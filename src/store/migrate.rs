@@ -59,9 +59,22 @@ pub async fn apply(db: &Db) -> Result<Vec<i64>, DbError> {
     .await?;
     tx.commit().await?;
     let mut applied_now = Vec::new();
+    // One lock per schema: processes migrating the same schema wait for each other (for as long as
+    // a migration may take), while parallel test schemas never contend.
+    let schema = match db.kind() {
+        DbKind::Postgres => db
+            .query("SELECT CAST(current_schema() AS TEXT)", &[])
+            .await?
+            .first()
+            .map(|r| r.str(0))
+            .unwrap_or_default(),
+        DbKind::Sqlite => String::new(),
+    };
+    let scope = format!("{LOCK_SCOPE}:{schema}");
     for m in migrations(db.kind()) {
         let mut tx = db.begin().await?;
-        tx.scope_lock(LOCK_SCOPE).await?;
+        tx.set_lock_timeout(60_000).await?;
+        tx.scope_lock(&scope).await?;
         let done = tx
             .query_opt(
                 "SELECT version FROM schema_migrations WHERE version = $1",

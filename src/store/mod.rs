@@ -13,8 +13,11 @@
 
 pub mod assignments;
 mod backend;
+pub mod cells;
 pub mod credentials;
 pub mod migrate;
+pub mod migrations;
+pub mod placement;
 mod postgres;
 mod sqlite;
 pub mod testing;
@@ -133,7 +136,9 @@ macro_rules! transaction {
             };
             let __result = {
                 let $tx: &mut $crate::store::Tx = &mut __tx;
-                async { $body }.await
+                #[allow(unused_braces)]
+                let __body = async { $body };
+                __body.await
             };
             let __retry = match __result {
                 Ok(v) => match __tx.commit().await {

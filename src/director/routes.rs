@@ -1,0 +1,722 @@
+//! HTTP glue of the director (director.md §3): authentication, body limits, strict schemas, lanes,
+//! then the store operations. Every refusal is a concrete response with the spec's status, code
+//! and headers.
+
+// Handlers return the finished reply as their error value (`Result<_, Response>`), like
+// `http::parse`; boxing it would only add noise.
+#![allow(clippy::result_large_err)]
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::{HeaderMap, StatusCode};
+use serde::Deserialize;
+use serde_json::json;
+use warp::filters::BoxedFilter;
+use warp::Filter;
+
+use super::heartbeat::{self, HeartbeatRefusal};
+use super::lanes::{LanePermit, LaneReject};
+use super::rejections::Rejection;
+use super::Director;
+use crate::contract::errors;
+use crate::contract::limits::RELAY_BODY_MAX;
+use crate::contract::wire::{CellHeartbeat, CellRehomeStatus};
+use crate::crypto;
+use crate::director::placement::Refusal;
+use crate::http::{self as h, Body, Response};
+use crate::store::assignments::HostKey;
+use crate::store::placement::{self as sp, AssignError, AssignOptions};
+use crate::{clock, params};
+
+const UNAVAILABLE: &str = "assignments_temporarily_unavailable";
+
+/// Every director route.
+pub fn all(d: Arc<Director>) -> BoxedFilter<(Response,)> {
+    let r = super::host_token::route(d.clone())
+        .or(post(d.clone(), "/v1/assign", |d, hd, b| async move {
+            let t = Instant::now();
+            let r = d.clone().assign_route(hd, b).await;
+            d.observe("assign", t, &r);
+            r
+        }))
+        .unify()
+        .or(post(d.clone(), "/v1/resolve", |d, _hd, b| async move {
+            let t = Instant::now();
+            let r = d.clone().resolve_route(b).await;
+            d.observe("resolve", t, &r);
+            r
+        }))
+        .unify()
+        .or(post(
+            d.clone(),
+            "/v1/admin/cell-heartbeat",
+            |d, hd, b| async move { d.heartbeat_route(hd, b).await },
+        ))
+        .unify()
+        .or(post(
+            d.clone(),
+            "/v1/admin/cell-rehome-status",
+            |d, hd, b| async move { d.rehome_status_route(hd, b).await },
+        ))
+        .unify()
+        .or(regions_route(d.clone()))
+        .unify()
+        .boxed();
+    r.or(super::admin::routes(d)).unify().boxed()
+}
+
+/// `POST <path>` with headers and a body bounded at 4 096 bytes.
+pub(crate) fn post<F, Fut>(d: Arc<Director>, path: &'static str, f: F) -> BoxedFilter<(Response,)>
+where
+    F: Fn(Arc<Director>, HeaderMap, Body) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response> + Send + 'static,
+{
+    warp::path::full()
+        .and_then(move |p: warp::path::FullPath| async move {
+            if p.as_str() == path {
+                Ok(())
+            } else {
+                Err(warp::reject::not_found())
+            }
+        })
+        .untuple_one()
+        .and(warp::post())
+        .and(warp::header::headers_cloned())
+        .and(h::body(RELAY_BODY_MAX))
+        .then(move |hd: HeaderMap, b: Body| {
+            let d = d.clone();
+            let f = f.clone();
+            async move { f(d, hd, b).await }
+        })
+        .boxed()
+}
+
+/// Body → bytes, or the 413/400 answer.
+pub(crate) fn bytes(b: Body) -> Result<bytes::Bytes, Response> {
+    match b {
+        Body::Ok(b) => Ok(b),
+        Body::TooLarge => Err(h::too_large()),
+        Body::Broken => Err(h::bad_request()),
+    }
+}
+
+pub(crate) fn db_unavailable() -> Response {
+    h::error_retry(
+        StatusCode::SERVICE_UNAVAILABLE,
+        errors::DATABASE_TEMPORARILY_UNAVAILABLE,
+        5,
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct AssignRequest {
+    v: u8,
+    relay_host_id: String,
+    #[serde(default)]
+    reconnect: Option<bool>,
+    #[serde(default)]
+    preferred_region: Option<String>,
+    #[serde(default)]
+    region_correction: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ResolveRequest {
+    v: u8,
+    relay_host_id: String,
+    resume_token: String,
+}
+
+/// Which lane ran the work, for log lines.
+#[derive(Clone, Copy)]
+struct Ctx<'a> {
+    route: &'a str,
+    lane: &'a str,
+    hinted: bool,
+    retry_after: u64,
+}
+
+impl Director {
+    /// `orca_relay_assignment_seconds{route}` and `orca_relay_assignments_total{route,outcome}`:
+    /// the outcome is `granted` or the answer's error code (stored in an extension by [`coded`]).
+    fn observe(&self, route: &str, started: Instant, r: &Response) {
+        let m = &self.ctx.metrics;
+        m.assignment_seconds
+            .with_label_values(&[route])
+            .observe(started.elapsed().as_secs_f64());
+        let outcome = if r.status() == StatusCode::OK {
+            "granted"
+        } else {
+            r.extensions()
+                .get::<Outcome>()
+                .map_or("invalid_request", |o| o.0)
+        };
+        m.assignments.with_label_values(&[route, outcome]).inc();
+    }
+
+    fn reject(&self, c: Ctx<'_>, reason: &str, host: &HostKey, home: Option<(&str, &str)>) {
+        let digest = crate::logging::digest(&host.relay_host_id);
+        self.rejects.reject(&Rejection {
+            route: c.route,
+            lane: c.lane,
+            hinted: c.hinted,
+            reason,
+            host_digest: &digest,
+            cause: home.map(|x| x.0),
+            cell: home.map(|x| x.1),
+        });
+    }
+
+    fn lane_rejected(&self, c: Ctx<'_>, r: LaneReject, host: &HostKey) -> Response {
+        self.reject(c, r.reason(), host, None);
+        coded(
+            h::error_retry(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, c.retry_after),
+            UNAVAILABLE,
+        )
+    }
+
+    /// Maps an `assign` failure to its answer and rejection line.
+    fn assign_failed(&self, c: Ctx<'_>, e: AssignError, host: &HostKey) -> Response {
+        match e {
+            AssignError::Refused(r) => {
+                match &r {
+                    Refusal::HomeUnavailable { cause, cell_id } => {
+                        self.reject(c, r.code(), host, Some((cause.as_str(), cell_id)))
+                    }
+                    _ => self.reject(c, r.code(), host, None),
+                }
+                coded(
+                    h::error(StatusCode::SERVICE_UNAVAILABLE, r.code()),
+                    r.code(),
+                )
+            }
+            AssignError::RowBusy => {
+                self.reject(c, "assignment_row_busy", host, None);
+                coded(
+                    h::error_retry(StatusCode::SERVICE_UNAVAILABLE, "assignment_row_busy", 1),
+                    "assignment_row_busy",
+                )
+            }
+            AssignError::Db(e) => {
+                log::warn!("[orca-relay] assignment failed: {e}");
+                self.reject(c, "database_unavailable", host, None);
+                coded(
+                    h::error_retry(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, c.retry_after),
+                    UNAVAILABLE,
+                )
+            }
+            AssignError::Restart => {
+                self.reject(c, "database_unavailable", host, None);
+                coded(
+                    h::error_retry(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, c.retry_after),
+                    UNAVAILABLE,
+                )
+            }
+        }
+    }
+
+    async fn assign_route(self: Arc<Self>, headers: HeaderMap, body: Body) -> Response {
+        let now = clock::now_ms();
+        let token = match h::bearer(&headers) {
+            Some(t) if t.len() <= crate::contract::limits::HOST_TOKEN_MAX_CHARS => t,
+            _ => return h::invalid_token(),
+        };
+        let claims = match self.verifier.verify(token, now).await {
+            Ok(c) => c,
+            Err(_) => return h::invalid_token(),
+        };
+        let bytes = match bytes(body) {
+            Ok(b) => b,
+            Err(r) => return r,
+        };
+        let req: AssignRequest = match h::parse(&bytes) {
+            Ok(r) => r,
+            Err(r) => return r,
+        };
+        let regions = &self.ctx.config.regions;
+        if req.v != 1
+            || !crypto::ident::is_relay_host_id(&req.relay_host_id)
+            || req
+                .preferred_region
+                .as_ref()
+                .is_some_and(|r| !regions.contains(r))
+        {
+            return h::bad_request();
+        }
+        let action = match &req.region_correction {
+            None => None,
+            Some(rc) => match region_correction_action(rc, regions) {
+                Some(a) => Some(a),
+                None => return h::bad_request(),
+            },
+        };
+        let report = action == Some("report");
+        let window = action == Some("issue-window");
+        if req.relay_host_id != claims.relay_host_id {
+            return h::error(StatusCode::FORBIDDEN, "host_identity_mismatch");
+        }
+        let host = HostKey {
+            user_id: claims.sub.clone(),
+            relay_host_id: req.relay_host_id.clone(),
+        };
+        let hinted = req.reconnect == Some(true);
+        let sticky_retry = self.sticky_lane.cfg.retry_after_s;
+        if hinted && !report {
+            let c = Ctx {
+                route: "assign",
+                lane: "sticky",
+                hinted,
+                retry_after: sticky_retry,
+            };
+            match self.sticky_lane.enter(&host).await {
+                Err(r) => return self.lane_rejected(c, r, &host),
+                Ok(permit) => match self.sticky_verify(&host).await {
+                    Err(e) => {
+                        drop(permit);
+                        log::warn!("[orca-relay] assignment verify failed: {e}");
+                        let v = Ctx {
+                            route: "assign-verify",
+                            lane: "none",
+                            ..c
+                        };
+                        self.reject(v, "database_unavailable", &host, None);
+                        return h::error_retry(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            UNAVAILABLE,
+                            sticky_retry,
+                        );
+                    }
+                    Ok(true) => {
+                        return self
+                            .run_assign(permit, c, host, req.preferred_region, (false, window), now)
+                            .await
+                    }
+                    Ok(false) => drop(permit),
+                },
+            }
+        }
+        let c = Ctx {
+            route: "assign",
+            lane: "placement",
+            hinted,
+            retry_after: self.placement_lane.cfg.retry_after_s,
+        };
+        match self.placement_lane.enter(&host).await {
+            Err(r) => self.lane_rejected(c, r, &host),
+            Ok(permit) => {
+                self.run_assign(permit, c, host, req.preferred_region, (report, window), now)
+                    .await
+            }
+        }
+    }
+
+    /// The sticky lane's check: the host has a row whose home is not roll-isolated (§6.2,
+    /// liveness ignored).
+    async fn sticky_verify(&self, host: &HostKey) -> Result<bool, crate::store::DbError> {
+        let db = &self.ctx.db;
+        let row = match crate::store::assignments::read_row(db, host).await? {
+            Some(r) => r,
+            None => return Ok(false),
+        };
+        let home = crate::store::cells::view(db, &row.cell_id).await?;
+        let stamped = home.is_some_and(|c| c.roll_stamp_active(clock::now_ms()));
+        if !stamped || row.counters[5] > 0 {
+            return Ok(true);
+        }
+        let open = db
+            .query(
+                "SELECT assignment_epoch FROM relay_assignment_migrations WHERE user_id = $1 AND relay_host_id = $2 \
+                 AND completed_at IS NULL AND aborted_at IS NULL",
+                params![&host.user_id, &host.relay_host_id],
+            )
+            .await?;
+        Ok(!open.is_empty())
+    }
+
+    /// Runs the work in the held slot, in its own task so it completes even if the client leaves.
+    async fn run_assign(
+        self: &Arc<Self>,
+        permit: LanePermit,
+        c: Ctx<'static>,
+        host: HostKey,
+        preferred: Option<String>,
+        (report, window): (bool, bool),
+        now: i64,
+    ) -> Response {
+        permit.started();
+        let me = self.clone();
+        let task_host = host.clone();
+        let task = tokio::spawn(async move {
+            let _permit = permit;
+            let host = task_host;
+            let db = &me.ctx.db;
+            let regions = &me.ctx.config.regions;
+            if report {
+                return match crate::store::assignments::read_row(db, &host).await {
+                    Ok(None) => Err(None),
+                    Ok(Some(_)) => sp::resolve(db, &host, regions)
+                        .await
+                        .map(|r| (r.cell_id, r.cell_url, r.assignment_epoch))
+                        .map_err(Some),
+                    Err(e) => Err(Some(AssignError::Db(e))),
+                };
+            }
+            sp::assign(
+                db,
+                &host,
+                preferred.as_deref(),
+                regions,
+                AssignOptions::default(),
+            )
+            .await
+            .map(|g| (g.cell_id, g.cell_url, g.assignment_epoch))
+            .map_err(Some)
+        });
+        let result = match task.await {
+            Ok(r) => r,
+            Err(_) => Err(Some(AssignError::Db(crate::store::DbError::Transient(
+                "assign task failed".into(),
+            )))),
+        };
+        match result {
+            Ok((cell_id, cell_url, epoch)) => {
+                let cfg = &self.ctx.config;
+                let lease = crypto::jwt::mint_assignment_lease(
+                    cfg.secrets.assignment_signing_key.as_deref().unwrap_or(""),
+                    &cfg.public_url,
+                    &host.user_id,
+                    &cell_id,
+                    &cell_url,
+                    epoch,
+                    &host.relay_host_id,
+                    now,
+                );
+                if c.hinted {
+                    log::info!(
+                        "[orca-relay] assignment granted lane={} hinted=true host={} cell={}",
+                        c.lane,
+                        crate::logging::digest(&host.relay_host_id),
+                        cell_id
+                    );
+                }
+                let mut body =
+                    json!({"v":1,"cellUrl":cell_url,"assignmentEpoch":epoch,"lease":lease});
+                if window {
+                    // §8 is not built: the window cannot be issued; the grant is returned without
+                    // `regionCorrection`, as for any failed `issue-window`.
+                    crate::logging::event("orca_relay_region_window_unavailable", json!({}));
+                }
+                if report {
+                    // No region decision is ever issued by this director (§8 not built): every
+                    // report finds none.
+                    body["regionCorrection"] = json!({"v":1,"reportStatus":"basis-changed"});
+                }
+                h::json(StatusCode::OK, &body)
+            }
+            Err(None) => h::error(StatusCode::CONFLICT, "assignment_not_found"),
+            Err(Some(e)) => self.assign_failed(c, e, &host),
+        }
+    }
+
+    async fn resolve_route(self: Arc<Self>, body: Body) -> Response {
+        let bytes = match bytes(body) {
+            Ok(b) => b,
+            Err(r) => return r,
+        };
+        let req: ResolveRequest = match h::parse(&bytes) {
+            Ok(r) => r,
+            Err(r) => return r,
+        };
+        if req.v != 1
+            || !crypto::ident::is_relay_host_id(&req.relay_host_id)
+            || !is_b64u32(&req.resume_token)
+        {
+            return h::bad_request();
+        }
+        let c = Ctx {
+            route: "resolve",
+            lane: "none",
+            hinted: false,
+            retry_after: self.placement_lane.cfg.retry_after_s,
+        };
+        let now = clock::now_ms();
+        let hash = crypto::ident::token_hash(&req.resume_token);
+        let found = self
+            .ctx
+            .db
+            .query(
+                "SELECT user_id FROM relay_devices WHERE relay_host_id = $1 AND revoked_at IS NULL AND \
+                 ((current_hash = $2 AND current_expires_at > $3) OR (grace_hash = $2 AND grace_expires_at > $3)) \
+                 ORDER BY user_id LIMIT 1",
+                params![&req.relay_host_id, &hash, now],
+            )
+            .await;
+        let user_id = match found {
+            Ok(rows) => match rows.first() {
+                Some(r) => r.str(0),
+                None => return h::error(StatusCode::UNAUTHORIZED, "invalid_credential"),
+            },
+            Err(e) => {
+                let host = HostKey {
+                    user_id: String::new(),
+                    relay_host_id: req.relay_host_id.clone(),
+                };
+                return self.assign_failed(c, AssignError::Db(e), &host);
+            }
+        };
+        let host = HostKey {
+            user_id,
+            relay_host_id: req.relay_host_id,
+        };
+        let permit = match self.resolve_lane.enter(&host).await {
+            Ok(p) => p,
+            Err(r) => return self.lane_rejected(c, r, &host),
+        };
+        permit.started();
+        let me = self.clone();
+        let task_host = host.clone();
+        let task = tokio::spawn(async move {
+            let _permit = permit;
+            sp::resolve(&me.ctx.db, &task_host, &me.ctx.config.regions).await
+        });
+        match task.await {
+            Ok(Ok(r)) => h::json(
+                StatusCode::OK,
+                &json!({"v":1,"cellUrl":r.cell_url,"assignmentEpoch":r.assignment_epoch,"leaseExpiresAt":r.lease_expires_at}),
+            ),
+            Ok(Err(e)) => self.assign_failed(c, e, &host),
+            Err(_) => self.assign_failed(
+                c,
+                AssignError::Db(crate::store::DbError::Transient(
+                    "resolve task failed".into(),
+                )),
+                &host,
+            ),
+        }
+    }
+
+    /// Cluster-token check: `Ok(sub)` or the 401 answer.
+    pub(crate) fn cluster_sub(&self, headers: &HeaderMap) -> Result<String, Response> {
+        let key = match &self.ctx.config.secrets.cluster_key {
+            Some(k) => k,
+            None => return Err(h::invalid_token()),
+        };
+        let token = h::bearer(headers).ok_or_else(h::invalid_token)?;
+        crypto::jwt::verify_cluster_token(key.as_bytes(), token, clock::now_ms())
+            .map_err(|_| h::invalid_token())
+    }
+
+    async fn heartbeat_route(self: Arc<Self>, headers: HeaderMap, body: Body) -> Response {
+        let sub = match self.cluster_sub(&headers) {
+            Ok(s) => s,
+            Err(r) => return r,
+        };
+        let bytes = match bytes(body) {
+            Ok(b) => b,
+            Err(r) => return r,
+        };
+        let hb: CellHeartbeat = match h::parse(&bytes) {
+            Ok(r) => r,
+            Err(r) => return r,
+        };
+        let beat = match heartbeat::validate(&hb, &self.ctx.config.regions) {
+            Ok(b) => b,
+            Err(HeartbeatRefusal::Invalid(msg)) => {
+                log::warn!("[orca-relay] cell heartbeat invalid: {msg}");
+                return h::bad_request();
+            }
+            Err(_) => return h::bad_request(),
+        };
+        if sub != hb.cell_id {
+            return h::error(StatusCode::FORBIDDEN, "cell_identity_mismatch");
+        }
+        match self.apply_beat(&beat).await {
+            Ok(()) => h::json(StatusCode::OK, &json!({"v":1,"ok":true})),
+            Err(HeartbeatRefusal::Refused(code)) => h::error(StatusCode::CONFLICT, code),
+            Err(HeartbeatRefusal::Unavailable) => db_unavailable(),
+            Err(_) => h::bad_request(),
+        }
+    }
+
+    async fn rehome_status_route(self: Arc<Self>, headers: HeaderMap, body: Body) -> Response {
+        let sub = match self.cluster_sub(&headers) {
+            Ok(s) => s,
+            Err(r) => return r,
+        };
+        let bytes = match bytes(body) {
+            Ok(b) => b,
+            Err(r) => return r,
+        };
+        let st: CellRehomeStatus = match h::parse(&bytes) {
+            Ok(r) => r,
+            Err(r) => return r,
+        };
+        if !heartbeat::validate_rehome_status(&st) {
+            return h::bad_request();
+        }
+        if sub != st.cell_id {
+            return h::error(StatusCode::FORBIDDEN, "cell_identity_mismatch");
+        }
+        match self.rehome_status(&st).await {
+            Ok(()) => h::json(StatusCode::OK, &json!({"v":1,"ok":true})),
+            Err(HeartbeatRefusal::Refused(code)) => h::error(StatusCode::CONFLICT, code),
+            Err(_) => db_unavailable(),
+        }
+    }
+
+    /// §3.7, also used in-process.
+    pub async fn rehome_status(&self, st: &CellRehomeStatus) -> Result<(), HeartbeatRefusal> {
+        let now = clock::now_ms();
+        let inc = st.cell_incarnation.to_ascii_lowercase();
+        let safety = serde_json::to_string(&st.safety).unwrap_or_default();
+        let r: Result<(), crate::store::cells::BeatError> = crate::transaction!(
+            self.ctx.db,
+            "cell-runtime",
+            |tx| {
+                use crate::store::cells::BeatError;
+                let cell = tx
+                    .query_opt(
+                        "SELECT cell_id FROM relay_cells WHERE cell_id = $1 FOR UPDATE",
+                        params![&st.cell_id],
+                    )
+                    .await?;
+                let rt = tx
+                    .query_opt(
+                        "SELECT cell_incarnation FROM relay_cell_runtime WHERE cell_id = $1 FOR UPDATE",
+                        params![&st.cell_id],
+                    )
+                    .await?;
+                let rt = match (cell, rt) {
+                    (Some(_), Some(rt)) => rt,
+                    _ => return Err(BeatError::Refused("cell_not_found")),
+                };
+                if rt.str(0) != inc {
+                    return Err(BeatError::Refused("stale_cell_incarnation"));
+                }
+                tx.execute(
+                    "UPDATE relay_cell_runtime SET regional_rehome_protocol = $2, safety_json = $3, \
+                     safety_received_at = $4, updated_at = $4 WHERE cell_id = $1",
+                    params![&st.cell_id, st.regional_rehome_protocol, &safety, now],
+                )
+                .await?;
+                Ok(())
+            }
+        );
+        match r {
+            Ok(()) => Ok(()),
+            Err(crate::store::cells::BeatError::Refused(c)) => Err(HeartbeatRefusal::Refused(c)),
+            Err(_) => Err(HeartbeatRefusal::Unavailable),
+        }
+    }
+}
+
+fn is_b64u32(s: &str) -> bool {
+    crypto::b64::is_b64u32(s)
+}
+
+/// The `regionCorrection` action when the object is well-formed (§8.1), else `None`.
+fn region_correction_action(v: &serde_json::Value, regions: &[String]) -> Option<&'static str> {
+    let o = v.as_object()?;
+    if o.get("v")?.as_i64()? != 1 {
+        return None;
+    }
+    match o.get("action")?.as_str()? {
+        "issue-window" => (o.len() == 2).then_some("issue-window"),
+        "report" => {
+            let int = |k: &str| o.get(k).and_then(|x| x.as_i64()).filter(|x| *x >= 0);
+            int("generation")?;
+            int("assignmentEpoch")?;
+            if int("policyVersion")? < 1 {
+                return None;
+            }
+            match o.get("outcome")?.as_str()? {
+                "conclusive" => {
+                    let m = o.get("measurements")?.as_object()?;
+                    if m.len() < 2 || o.len() != 7 {
+                        return None;
+                    }
+                    for (k, val) in m {
+                        if !regions.contains(k) || !(0..=120_000).contains(&val.as_i64()?) {
+                            return None;
+                        }
+                    }
+                    Some("report")
+                }
+                "inconclusive" => {
+                    let r = o.get("reason")?.as_str()?;
+                    ((1..=64).contains(&r.chars().count()) && o.len() == 7).then_some("report")
+                }
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// `GET /v1/regions` (§3.5).
+fn regions_route(d: Arc<Director>) -> BoxedFilter<(Response,)> {
+    warp::path!("v1" / "regions")
+        .and(warp::get())
+        .then(move || {
+            let d = d.clone();
+            async move { d.regions().await }
+        })
+        .boxed()
+}
+
+impl Director {
+    async fn regions(&self) -> Response {
+        let mut cache = self.regions_cache.lock().await;
+        if let Some((at, body)) = cache.as_ref() {
+            if at.elapsed() < Duration::from_secs(30) {
+                return h::json(StatusCode::OK, body);
+            }
+        }
+        let now = clock::now_ms();
+        let cells = match crate::store::cells::views(
+            crate::store::cells::Reader::Db(&self.ctx.db),
+            crate::store::cells::Which::General,
+            false,
+        )
+        .await
+        {
+            Ok(c) => c,
+            Err(_) => {
+                return h::error_retry(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "region_catalog_temporarily_unavailable",
+                    5,
+                )
+            }
+        };
+        let mut out = Vec::new();
+        for r in &self.ctx.config.regions {
+            let origins: Vec<&str> = cells
+                .iter()
+                .filter(|c| &c.region == r && c.live(now))
+                .take(2)
+                .map(|c| c.cell_url.as_str())
+                .collect();
+            if !origins.is_empty() {
+                out.push(json!({"region": r, "probeOrigins": origins}));
+            }
+        }
+        let body = json!({"v":1,"regions":out});
+        *cache = Some((Instant::now(), body.clone()));
+        h::json(StatusCode::OK, &body)
+    }
+}
+
+/// The error code of an assign/resolve answer, for the metrics label.
+#[derive(Clone, Copy)]
+struct Outcome(&'static str);
+
+/// Tags an error response with its code.
+fn coded(mut r: Response, code: &'static str) -> Response {
+    r.extensions_mut().insert(Outcome(code));
+    r
+}

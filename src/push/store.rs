@@ -1,0 +1,705 @@
+//! Every push SQL statement (push.md §3–§11), written once for both backends.
+//!
+//! Scopes: `orca-push-session:<fp>`, `orca-push-device-cap:<fp>`, `orca-push-events:<fp>` (waiting)
+//! and `orca-push-device:<registrationId>` (try only). No transaction takes two scopes; only the
+//! session verification holds a row lock before its scope, and no other transaction takes that
+//! scope's row, so no lock cycle exists (push.md §10).
+
+use crate::params;
+use crate::store::{Db, DbError, Tx, Value};
+use crate::transaction;
+
+use super::model::{Device, Notification, MAX_DEVICES, NOTIFICATION_TTL_MS};
+
+pub const SESSION_TTL_MS: i64 = 86_400_000;
+pub const LEASE_MS: i64 = 30_000;
+pub const EVENT_QUOTA: i64 = 300;
+pub const EVENT_QUOTA_WINDOW_MS: i64 = 900_000;
+pub const RETENTION_MS: i64 = 86_400_000;
+
+// ---------------------------------------------------------------- challenges and sessions
+
+pub async fn insert_challenge(
+    db: &Db,
+    challenge_id: &str,
+    fp: &str,
+    secret_hash: &str,
+    expires_at: i64,
+) -> Result<(), DbError> {
+    db.execute(
+        "INSERT INTO push_challenges (challenge_id, host_fingerprint, secret_hash, expires_at, consumed_at) VALUES ($1, $2, $3, $4, NULL)",
+        params![challenge_id, fp, secret_hash, expires_at],
+    )
+    .await
+    .map(|_| ())
+}
+
+/// Result of `POST /v1/host/session` (push.md §3.3).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verify {
+    /// Session created for this fingerprint.
+    Ok {
+        fp: String,
+    },
+    UnknownChallenge,
+    InvalidProof,
+}
+
+/// Verifies the proof and, in the same transaction, replaces the host's session with `token_hash`.
+pub async fn verify_and_open_session(
+    db: &Db,
+    challenge_id: &str,
+    proof_b64: &str,
+    token_hash: &str,
+    now: i64,
+) -> Result<Verify, DbError> {
+    transaction!(db, "push_session", |tx| {
+        let row = tx
+            .query_opt(
+                "SELECT host_fingerprint, secret_hash, expires_at, consumed_at FROM push_challenges WHERE challenge_id = $1 FOR UPDATE",
+                params![challenge_id],
+            )
+            .await?;
+        let Some(row) = row else {
+            return Ok(Verify::UnknownChallenge);
+        };
+        let fp = row.str(0);
+        if !row.is_null(3) || now > row.i64(2) {
+            return Ok(Verify::InvalidProof);
+        }
+        if !crate::crypto::push_proof::proof_matches_secret_hash(proof_b64, &row.str(1)) {
+            return Ok(Verify::InvalidProof);
+        }
+        let n = tx
+            .execute(
+                "UPDATE push_challenges SET consumed_at = $1 WHERE challenge_id = $2 AND consumed_at IS NULL",
+                params![now, challenge_id],
+            )
+            .await?;
+        if n != 1 {
+            return Ok(Verify::InvalidProof);
+        }
+        tx.scope_lock(&format!("orca-push-session:{fp}")).await?;
+        tx.execute(
+            "DELETE FROM push_sessions WHERE host_fingerprint = $1",
+            params![fp.as_str()],
+        )
+        .await?;
+        tx.execute(
+            "INSERT INTO push_sessions (token_hash, host_fingerprint, expires_at, created_at) VALUES ($1, $2, $3, $4)",
+            params![token_hash, fp.as_str(), now + SESSION_TTL_MS, now],
+        )
+        .await?;
+        Ok::<_, DbError>(Verify::Ok { fp })
+    })
+}
+
+/// `(fingerprint, expires_at)` of a session.
+pub async fn resolve_session(db: &Db, token_hash: &str) -> Result<Option<(String, i64)>, DbError> {
+    let rows = db
+        .query(
+            "SELECT host_fingerprint, expires_at FROM push_sessions WHERE token_hash = $1",
+            params![token_hash],
+        )
+        .await?;
+    Ok(rows.first().map(|r| (r.str(0), r.i64(1))))
+}
+
+// ---------------------------------------------------------------- devices
+
+/// `Ok(None)`: the host already has 64 devices.
+pub async fn upsert_device(
+    db: &Db,
+    fp: &str,
+    d: &Device,
+    now: i64,
+) -> Result<Option<String>, DbError> {
+    transaction!(db, "push_device_upsert", |tx| {
+        tx.scope_lock(&format!("orca-push-device-cap:{fp}")).await?;
+        let existing = tx
+            .query_opt(
+                "SELECT registration_id FROM push_devices WHERE host_fingerprint = $1 AND device_id = $2",
+                params![fp, d.device_id.as_str()],
+            )
+            .await?;
+        if let Some(row) = existing {
+            let id = row.str(0);
+            tx.execute(
+                "UPDATE push_devices SET platform = $1, token = $2, apns_environment = $3, dead_at = NULL, updated_at = $4 WHERE registration_id = $5",
+                params![
+                    d.platform.as_str(),
+                    d.token.as_str(),
+                    d.apns_environment.clone(),
+                    now,
+                    id.as_str()
+                ],
+            )
+            .await?;
+            return Ok(Some(id));
+        }
+        let count = tx
+            .query_opt(
+                "SELECT COUNT(*) FROM push_devices WHERE host_fingerprint = $1",
+                params![fp],
+            )
+            .await?
+            .map(|r| r.i64(0))
+            .unwrap_or(0);
+        if count >= MAX_DEVICES {
+            return Ok(None);
+        }
+        let id = uuid::Uuid::new_v4().to_string();
+        tx.execute(
+            "INSERT INTO push_devices (registration_id, host_fingerprint, device_id, platform, token, apns_environment, dead_at, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, NULL, $7, $7)",
+            params![
+                id.as_str(),
+                fp,
+                d.device_id.as_str(),
+                d.platform.as_str(),
+                d.token.as_str(),
+                d.apns_environment.clone(),
+                now
+            ],
+        )
+        .await?;
+        Ok::<_, DbError>(Some(id))
+    })
+}
+
+/// `(registrationId, deviceId, platform, dead)` of the host's devices.
+pub async fn list_devices(
+    db: &Db,
+    fp: &str,
+) -> Result<Vec<(String, String, String, bool)>, DbError> {
+    let rows = db
+        .query(
+            "SELECT registration_id, device_id, platform, dead_at FROM push_devices WHERE host_fingerprint = $1 ORDER BY created_at, registration_id LIMIT 64",
+            params![fp],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.str(0), r.str(1), r.str(2), !r.is_null(3)))
+        .collect())
+}
+
+/// True when the caller's registration was deleted (its pending deliveries go with it, except one
+/// already leased, which finishes on its own).
+pub async fn delete_device(
+    db: &Db,
+    fp: &str,
+    registration_id: &str,
+    now: i64,
+) -> Result<bool, DbError> {
+    transaction!(db, "push_device_delete", |tx| {
+        tx.scope_lock(&format!("orca-push-device-cap:{fp}")).await?;
+        let n = tx
+            .execute(
+                "DELETE FROM push_devices WHERE registration_id = $1 AND host_fingerprint = $2",
+                params![registration_id, fp],
+            )
+            .await?;
+        if n == 1 {
+            tx.execute(
+                "DELETE FROM push_deliveries WHERE registration_id = $1 AND lease_until <= $2",
+                params![registration_id, now],
+            )
+            .await?;
+        }
+        Ok::<_, DbError>(n == 1)
+    })
+}
+
+/// The caller's registration for a send: `None` unknown, `Some(dead)`.
+pub async fn device_state(
+    db: &Db,
+    fp: &str,
+    registration_id: &str,
+) -> Result<Option<bool>, DbError> {
+    let rows = db
+        .query(
+            "SELECT dead_at FROM push_devices WHERE registration_id = $1 AND host_fingerprint = $2",
+            params![registration_id, fp],
+        )
+        .await?;
+    Ok(rows.first().map(|r| !r.is_null(0)))
+}
+
+/// The registration's current target, for the worker.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub platform: String,
+    pub token: String,
+    pub apns_environment: Option<String>,
+    pub dead: bool,
+}
+
+pub async fn device_target(db: &Db, registration_id: &str) -> Result<Option<Target>, DbError> {
+    let rows = db
+        .query(
+            "SELECT platform, token, apns_environment, dead_at FROM push_devices WHERE registration_id = $1",
+            params![registration_id],
+        )
+        .await?;
+    Ok(rows.first().map(|r| Target {
+        platform: r.str(0),
+        token: r.str(1),
+        apns_environment: r.opt_str(2),
+        dead: !r.is_null(3),
+    }))
+}
+
+/// Rows of devices with `dead_at` set (admin overview).
+pub async fn dead_registrations(db: &Db) -> Result<i64, DbError> {
+    let rows = db
+        .query(
+            "SELECT COUNT(*) FROM push_devices WHERE dead_at IS NOT NULL",
+            &[],
+        )
+        .await?;
+    Ok(rows.first().map(|r| r.i64(0)).unwrap_or(0))
+}
+
+// ---------------------------------------------------------------- send
+
+/// Per-recipient result of `accept` (push.md §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accept {
+    /// A delivery row was inserted (wake the worker).
+    Enqueued,
+    /// Nothing new to deliver (replay or fenced alert), but the answer is `queued`.
+    Queued,
+    RateLimited,
+    Error,
+}
+
+/// The accept transaction for one recipient, under scope `orca-push-events:<fp>`.
+pub async fn accept(
+    db: &Db,
+    fp: &str,
+    n: &Notification,
+    registration_id: &str,
+    now: i64,
+) -> Result<Accept, DbError> {
+    let kind = n.effective_kind().to_string();
+    let event_id = n.event_id(fp);
+    let content = n.content_fingerprint();
+    let payload = n.canonical_json();
+    transaction!(db, "push_accept", |tx| {
+        tx.scope_lock(&format!("orca-push-events:{fp}")).await?;
+        accept_in(
+            tx,
+            fp,
+            n,
+            &kind,
+            &event_id,
+            &content,
+            &payload,
+            registration_id,
+            now,
+        )
+        .await
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn accept_in(
+    tx: &mut Tx,
+    fp: &str,
+    n: &Notification,
+    kind: &str,
+    event_id: &str,
+    content: &str,
+    payload: &str,
+    registration_id: &str,
+    now: i64,
+) -> Result<Accept, DbError> {
+    let existing = tx
+        .query_opt(
+            "SELECT fingerprint, expires_at FROM push_events WHERE event_id = $1",
+            params![event_id],
+        )
+        .await?;
+    let deadline = match &existing {
+        Some(row) => {
+            if row.str(0) != content {
+                return Ok(Accept::Error);
+            }
+            row.i64(1)
+        }
+        None => {
+            let cap = now + NOTIFICATION_TTL_MS;
+            n.expires_at.map_or(cap, |e| (e as i64).min(cap))
+        }
+    };
+    if deadline <= now {
+        return Ok(Accept::Error);
+    }
+    if existing.is_none() {
+        let used = tx
+            .query_opt(
+                "SELECT COUNT(*) FROM push_events WHERE host_fingerprint = $1 AND kind = $2 AND created_at > $3",
+                params![fp, kind, now - EVENT_QUOTA_WINDOW_MS],
+            )
+            .await?
+            .map(|r| r.i64(0))
+            .unwrap_or(0);
+        if used >= EVENT_QUOTA {
+            return Ok(Accept::RateLimited);
+        }
+        tx.execute(
+            "INSERT INTO push_events (event_id, host_fingerprint, kind, fingerprint, created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6)",
+            params![event_id, fp, kind, content, now, deadline],
+        )
+        .await?;
+    }
+    let seen = tx
+        .query_opt(
+            "SELECT 1 FROM push_event_recipients WHERE event_id = $1 AND registration_id = $2",
+            params![event_id, registration_id],
+        )
+        .await?;
+    if seen.is_some() {
+        return Ok(Accept::Queued);
+    }
+    let seq = n.notification_seq as i64;
+    let epoch = n.notification_epoch.as_str();
+    if let Some(id) = n.notification_id.as_deref() {
+        if kind == "alert" {
+            let fenced = tx
+                .query_opt(
+                    "SELECT 1 FROM push_dismissed_events WHERE host_fingerprint = $1 AND notification_epoch = $2 AND notification_id = $3 AND notification_seq >= $4",
+                    params![fp, epoch, id, seq],
+                )
+                .await?;
+            if fenced.is_some() {
+                return Ok(Accept::Queued);
+            }
+        } else {
+            tx.execute(
+                "INSERT INTO push_dismissed_events (host_fingerprint, notification_epoch, notification_id, notification_seq, created_at) VALUES ($1, $2, $3, $4, $5) \
+                 ON CONFLICT (host_fingerprint, notification_epoch, notification_id) DO UPDATE SET \
+                 notification_seq = CASE WHEN excluded.notification_seq > push_dismissed_events.notification_seq THEN excluded.notification_seq ELSE push_dismissed_events.notification_seq END, \
+                 created_at = excluded.created_at",
+                params![fp, epoch, id, seq, now],
+            )
+            .await?;
+            tx.execute(
+                "DELETE FROM push_deliveries WHERE registration_id = $1 AND kind = 'alert' AND notification_epoch = $2 AND notification_id = $3 AND notification_seq <= $4 AND lease_until <= $5",
+                params![registration_id, epoch, id, seq, now],
+            )
+            .await?;
+        }
+    }
+    tx.execute(
+        "INSERT INTO push_deliveries (delivery_id, host_fingerprint, registration_id, kind, notification_epoch, notification_id, notification_seq, payload_json, due_at, expires_at, lease_token, lease_until, attempts, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, 0, 0, $9)",
+        params![
+            uuid::Uuid::new_v4().to_string(),
+            fp,
+            registration_id,
+            kind,
+            epoch,
+            n.notification_id.clone(),
+            seq,
+            payload,
+            now,
+            deadline
+        ],
+    )
+    .await?;
+    tx.execute(
+        "INSERT INTO push_event_recipients (event_id, registration_id, created_at) VALUES ($1, $2, $3)",
+        params![event_id, registration_id, now],
+    )
+    .await?;
+    Ok(Accept::Enqueued)
+}
+
+// ---------------------------------------------------------------- worker
+
+/// A leased delivery.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub delivery_id: String,
+    pub lease_token: String,
+    pub host_fingerprint: String,
+    pub registration_id: String,
+    pub payload_json: String,
+    pub expires_at: i64,
+    pub attempts: i64,
+}
+
+/// Candidates tried per claim (push.md §13).
+const CANDIDATES: usize = 4;
+
+/// Claims the next due delivery (push.md §7): at most one live lease per registration, in due order.
+pub async fn claim(db: &Db, now: i64) -> Result<Option<Claimed>, DbError> {
+    transaction!(db, "push_claim", |tx| claim_in(tx, now).await)
+}
+
+async fn claim_in(tx: &mut Tx, now: i64) -> Result<Option<Claimed>, DbError> {
+    let mut excluded: Vec<String> = Vec::new();
+    let mut tried = 0;
+    while tried < CANDIDATES {
+        let mut sql = String::from(
+            "SELECT d.delivery_id, d.registration_id, d.kind, d.notification_epoch, d.notification_id, d.notification_seq, d.host_fingerprint \
+             FROM push_deliveries d WHERE d.lease_until <= $1 AND d.expires_at > $1 AND d.due_at <= $1 AND d.due_at > $2 \
+             AND NOT EXISTS (SELECT 1 FROM push_deliveries o WHERE o.registration_id = d.registration_id AND o.lease_until > $1)",
+        );
+        let mut params: Vec<Value> = vec![Value::Int(now), Value::Int(now - NOTIFICATION_TTL_MS)];
+        for r in &excluded {
+            params.push(Value::Text(r.clone()));
+            sql.push_str(&format!(" AND d.registration_id <> ${}", params.len()));
+        }
+        sql.push_str(
+            " ORDER BY d.due_at, d.created_at, d.delivery_id LIMIT 1 FOR UPDATE SKIP LOCKED",
+        );
+        let Some(c) = tx.query_opt(&sql, &params).await? else {
+            return Ok(None);
+        };
+        let (delivery_id, reg) = (c.str(0), c.str(1));
+        // A fenced alert is deleted instead of sent; the claim goes on.
+        if c.str(2) == "alert" && !c.is_null(4) {
+            let fenced = tx
+                .query_opt(
+                    "SELECT 1 FROM push_dismissed_events WHERE host_fingerprint = $1 AND notification_epoch = $2 AND notification_id = $3 AND notification_seq >= $4",
+                    params![c.str(6), c.str(3), c.str(4), c.i64(5)],
+                )
+                .await?;
+            if fenced.is_some() {
+                tx.execute(
+                    "DELETE FROM push_deliveries WHERE delivery_id = $1",
+                    params![delivery_id.as_str()],
+                )
+                .await?;
+                continue;
+            }
+        }
+        tried += 1;
+        if !tx
+            .try_scope_lock(&format!("orca-push-device:{reg}"))
+            .await?
+        {
+            excluded.push(reg);
+            continue;
+        }
+        let head = tx
+            .query_opt(
+                "SELECT delivery_id FROM push_deliveries WHERE registration_id = $1 AND expires_at > $2 ORDER BY due_at, created_at, delivery_id LIMIT 1",
+                params![reg.as_str(), now],
+            )
+            .await?;
+        let live = tx
+            .query_opt(
+                "SELECT 1 FROM push_deliveries WHERE registration_id = $1 AND lease_until > $2",
+                params![reg.as_str(), now],
+            )
+            .await?;
+        if head.map(|h| h.str(0)) != Some(delivery_id.clone()) || live.is_some() {
+            excluded.push(reg);
+            continue;
+        }
+        let lease_token = uuid::Uuid::new_v4().to_string();
+        let row = tx
+            .query_opt(
+                "UPDATE push_deliveries SET lease_token = $1, lease_until = $2, attempts = attempts + 1 WHERE delivery_id = $3 \
+                 RETURNING host_fingerprint, payload_json, expires_at, attempts",
+                params![lease_token.as_str(), now + LEASE_MS, delivery_id.as_str()],
+            )
+            .await?;
+        let Some(row) = row else {
+            excluded.push(reg);
+            continue;
+        };
+        return Ok(Some(Claimed {
+            delivery_id,
+            lease_token,
+            host_fingerprint: row.str(0),
+            registration_id: reg,
+            payload_json: row.str(1),
+            expires_at: row.i64(2),
+            attempts: row.i64(3),
+        }));
+    }
+    Ok(None)
+}
+
+/// Extends a live lease; false when the lease was lost.
+pub async fn renew(db: &Db, c: &Claimed, now: i64) -> Result<bool, DbError> {
+    let n = db
+        .execute(
+            "UPDATE push_deliveries SET lease_until = $1 WHERE delivery_id = $2 AND lease_token = $3",
+            params![now + LEASE_MS, c.delivery_id.as_str(), c.lease_token.as_str()],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// Deletes the delivery if this worker still holds its lease.
+pub async fn finish_delete(db: &Db, c: &Claimed) -> Result<bool, DbError> {
+    let n = db
+        .execute(
+            "DELETE FROM push_deliveries WHERE delivery_id = $1 AND lease_token = $2",
+            params![c.delivery_id.as_str(), c.lease_token.as_str()],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// Schedules a retry at `retry_at`.
+pub async fn finish_retry(db: &Db, c: &Claimed, retry_at: i64) -> Result<bool, DbError> {
+    let n = db
+        .execute(
+            "UPDATE push_deliveries SET due_at = $1, lease_until = 0, lease_token = NULL WHERE delivery_id = $2 AND lease_token = $3",
+            params![retry_at, c.delivery_id.as_str(), c.lease_token.as_str()],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// Dead outcome: retire the registration with the values actually sent and delete the delivery,
+/// in one transaction, only while the lease is held.
+pub async fn finish_dead(
+    db: &Db,
+    c: &Claimed,
+    t: &Target,
+    env_sent: &str,
+    now: i64,
+) -> Result<(), DbError> {
+    transaction!(db, "push_retire", |tx| {
+        let n = tx
+            .execute(
+                "DELETE FROM push_deliveries WHERE delivery_id = $1 AND lease_token = $2",
+                params![c.delivery_id.as_str(), c.lease_token.as_str()],
+            )
+            .await?;
+        if n == 1 {
+            tx.execute(
+                "UPDATE push_devices SET dead_at = $1, updated_at = $1 WHERE registration_id = $2 AND token = $3 AND platform = $4 AND COALESCE(apns_environment, '') = $5",
+                params![now, c.registration_id.as_str(), t.token.as_str(), t.platform.as_str(), env_sent],
+            )
+            .await?;
+        }
+        Ok::<_, DbError>(())
+    })
+}
+
+/// Rows in `push_deliveries` with `expires_at > now`.
+pub async fn queue_depth(db: &Db, now: i64) -> Result<i64, DbError> {
+    let rows = db
+        .query(
+            "SELECT COUNT(*) FROM push_deliveries WHERE expires_at > $1",
+            params![now],
+        )
+        .await?;
+    Ok(rows.first().map(|r| r.i64(0)).unwrap_or(0))
+}
+
+// ---------------------------------------------------------------- prune
+
+/// Deletes up to `batch` rows of `table` whose key matches `cond` (bound to `$1`); returns the count.
+async fn prune_batch(
+    db: &Db,
+    table: &str,
+    key: &str,
+    cond: &str,
+    bound: i64,
+    batch: i64,
+) -> Result<u64, DbError> {
+    let sql = format!(
+        "DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} WHERE {cond} LIMIT {batch})"
+    );
+    db.execute(&sql, params![bound]).await
+}
+
+/// One prune target: (table, key expression, condition with `$1`).
+pub struct PruneTarget {
+    pub name: &'static str,
+    pub table: &'static str,
+    pub key: &'static str,
+    pub cond: &'static str,
+}
+
+pub const PRUNE_CHALLENGES: &[PruneTarget] = &[PruneTarget {
+    name: "challenges",
+    table: "push_challenges",
+    key: "challenge_id",
+    cond: "expires_at < $1",
+}];
+
+pub const PRUNE_SESSIONS: &[PruneTarget] = &[PruneTarget {
+    name: "sessions",
+    table: "push_sessions",
+    key: "token_hash",
+    cond: "expires_at < $1",
+}];
+
+/// Delivery pruning; the `$1` of the first entry is `now`, of the rest `now − retention`.
+pub const PRUNE_DELIVERIES: &[PruneTarget] = &[
+    PruneTarget {
+        name: "deliveries",
+        table: "push_deliveries",
+        key: "delivery_id",
+        cond: "expires_at <= $1 AND lease_until <= $1",
+    },
+    PruneTarget {
+        name: "events",
+        table: "push_events",
+        key: "event_id",
+        cond: "created_at < $1",
+    },
+];
+
+/// Recipients and fences have composite keys: deleted by their retention index directly.
+pub async fn prune_composite(db: &Db, before: i64, batch: i64) -> Result<u64, DbError> {
+    let mut total = 0;
+    match db.kind() {
+        crate::store::DbKind::Postgres => {
+            total += db
+                .execute(
+                    &format!("DELETE FROM push_event_recipients WHERE ctid IN (SELECT ctid FROM push_event_recipients WHERE created_at < $1 LIMIT {batch})"),
+                    params![before],
+                )
+                .await?;
+            total += db
+                .execute(
+                    &format!("DELETE FROM push_dismissed_events WHERE ctid IN (SELECT ctid FROM push_dismissed_events WHERE created_at < $1 LIMIT {batch})"),
+                    params![before],
+                )
+                .await?;
+        }
+        crate::store::DbKind::Sqlite => {
+            total += db
+                .execute(
+                    &format!("DELETE FROM push_event_recipients WHERE rowid IN (SELECT rowid FROM push_event_recipients WHERE created_at < $1 LIMIT {batch})"),
+                    params![before],
+                )
+                .await?;
+            total += db
+                .execute(
+                    &format!("DELETE FROM push_dismissed_events WHERE rowid IN (SELECT rowid FROM push_dismissed_events WHERE created_at < $1 LIMIT {batch})"),
+                    params![before],
+                )
+                .await?;
+        }
+    }
+    Ok(total)
+}
+
+pub async fn prune_target(
+    db: &Db,
+    t: &PruneTarget,
+    bound: i64,
+    batch: i64,
+) -> Result<u64, DbError> {
+    prune_batch(db, t.table, t.key, t.cond, bound, batch).await
+}
+
+/// Test and crash-recovery helper: pending delivery rows.
+pub async fn pending_count(db: &Db) -> Result<i64, DbError> {
+    let rows = db
+        .query("SELECT COUNT(*) FROM push_deliveries", &[])
+        .await?;
+    Ok(rows.first().map(|r| r.i64(0)).unwrap_or(0))
+}

@@ -1,0 +1,707 @@
+//! Cell rows, runtime rows and fences (director.md §1.1, §3.6, §3.8, §4): reads into the plain
+//! [`CellView`] the placement rules take, the heartbeat transaction, cell upserts and state changes.
+
+use super::{Db, DbError, Row, Tx, Value};
+use crate::director::liveness::{
+    incarnation_verdict, Admission, CellView, Fence, IncarnationVerdict, Runtime, Telemetry,
+};
+use crate::params;
+
+/// Columns of a cell row, in the order [`cell_from_row`] reads them.
+const CELL_COLUMNS: &str = "cell_id, cell_url, region, capacity_requests, reserved_requests, \
+     admission_state, roll_isolated_at, connection_hard_cap, connection_unobserved_bound";
+const RUNTIME_COLUMNS: &str = "cell_id, cell_incarnation, started_at, ready, observed_requests, \
+     last_heartbeat_at, total_connections, in_flight_connections, reserved_connection_units, \
+     enforced_connection_units, connection_inclusion_watermark, connection_observed_at, \
+     regional_rehome_protocol, safety_json, safety_received_at";
+
+/// Which cell rows to read.
+#[derive(Debug, Clone, Copy)]
+pub enum Which<'a> {
+    All,
+    General,
+    One(&'a str),
+    /// Two cells (source and target), locked together in one statement.
+    Pair(&'a str, &'a str),
+    /// The `general` cells other than `exclude`, inside `region` (`inside`) or outside it: the
+    /// narrow isolated-replacement path (director.md §5.2 I).
+    Region {
+        region: &'a str,
+        exclude: &'a str,
+        inside: bool,
+    },
+}
+
+/// Either a plain read on the pool or a read inside a transaction.
+pub enum Reader<'a> {
+    Db(&'a Db),
+    Tx(&'a mut Tx),
+}
+
+impl Reader<'_> {
+    pub async fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+        match self {
+            Reader::Db(db) => db.query(sql, params).await,
+            Reader::Tx(tx) => tx.query(sql, params).await,
+        }
+    }
+}
+
+fn cell_from_row(r: &Row) -> CellView {
+    CellView {
+        cell_id: r.str(0),
+        cell_url: r.str(1),
+        region: r.str(2),
+        capacity_requests: r.i64(3),
+        reserved_requests: r.i64(4),
+        admission: Admission::parse(&r.str(5)).unwrap_or(Admission::ExistingOnly),
+        roll_isolated_at: r.opt_i64(6),
+        connection_hard_cap: r.opt_i64(7),
+        connection_unobserved_bound: r.opt_i64(8),
+        runtime: None,
+        fence: None,
+        outstanding: 0,
+    }
+}
+
+fn runtime_from_row(r: &Row) -> Runtime {
+    let telemetry = match (r.opt_i64(6), r.opt_i64(9), r.opt_i64(10), r.opt_i64(11)) {
+        (Some(total), Some(enforced), Some(watermark), Some(observed_at)) => Some(Telemetry {
+            total_connections: total,
+            in_flight_connections: r.i64(7),
+            reserved_connection_units: r.i64(8),
+            enforced_connection_units: enforced,
+            inclusion_watermark: watermark,
+            observed_at,
+        }),
+        _ => None,
+    };
+    Runtime {
+        cell_incarnation: r.str(1),
+        started_at: r.i64(2),
+        ready: r.bool(3),
+        observed_requests: r.i64(4),
+        last_heartbeat_at: r.i64(5),
+        telemetry,
+        regional_rehome_protocol: r.i64(12),
+        safety_json: r.opt_str(13),
+        safety_received_at: r.opt_i64(14),
+    }
+}
+
+/// Reads cells with runtime, fence and outstanding reservations, ascending by `cell_id`. With
+/// `lock`, the cell rows are locked in one statement (tier 4); runtime, fence and reservation
+/// reads are plain (director.md §2).
+pub async fn views(
+    mut r: Reader<'_>,
+    which: Which<'_>,
+    lock: bool,
+) -> Result<Vec<CellView>, DbError> {
+    let (filter, p): (&str, Vec<Value>) = match which {
+        Which::All => ("", vec![]),
+        Which::General => (" WHERE admission_state = 'general'", vec![]),
+        Which::One(id) => (" WHERE cell_id = $1", vec![Value::from(id)]),
+        Which::Pair(a, b) => (
+            " WHERE cell_id IN ($1, $2)",
+            vec![Value::from(a), Value::from(b)],
+        ),
+        Which::Region {
+            region,
+            exclude,
+            inside,
+        } => (
+            if inside {
+                " WHERE admission_state = 'general' AND cell_id <> $1 AND region = $2"
+            } else {
+                " WHERE admission_state = 'general' AND cell_id <> $1 AND region <> $2"
+            },
+            vec![Value::from(exclude), Value::from(region)],
+        ),
+    };
+    if !lock {
+        return joined_views(r, filter, &p).await;
+    }
+    let lock_sql = " FOR UPDATE";
+    let rows = r
+        .query(
+            &format!("SELECT {CELL_COLUMNS} FROM relay_cells{filter} ORDER BY cell_id{lock_sql}"),
+            &p,
+        )
+        .await?;
+    let mut cells: Vec<CellView> = rows.iter().map(cell_from_row).collect();
+    if cells.is_empty() {
+        return Ok(cells);
+    }
+    let rt_filter = match which {
+        Which::One(_) => " WHERE cell_id = $1",
+        Which::Pair(..) => " WHERE cell_id IN ($1, $2)",
+        _ => "",
+    };
+    let p: Vec<Value> = match which {
+        Which::One(_) | Which::Pair(..) => p,
+        _ => vec![],
+    };
+    let runtimes = r
+        .query(
+            &format!("SELECT {RUNTIME_COLUMNS} FROM relay_cell_runtime{rt_filter}"),
+            &p,
+        )
+        .await?;
+    let fences = r
+        .query(
+            &format!(
+                "SELECT cell_id, cell_incarnation, attested_at, expires_at FROM relay_cell_fences{rt_filter}"
+            ),
+            &p,
+        )
+        .await?;
+    let outstanding = r
+        .query(
+            &format!(
+                "SELECT cell_id, COUNT(*) FROM relay_connection_reservations WHERE state IN ('reserved', 'claimed'){} GROUP BY cell_id",
+                match which {
+                    Which::One(_) => " AND cell_id = $1",
+                    Which::Pair(..) => " AND cell_id IN ($1, $2)",
+                    _ => "",
+                }
+            ),
+            &p,
+        )
+        .await?;
+    for c in &mut cells {
+        c.runtime = runtimes
+            .iter()
+            .find(|x| x.str(0) == c.cell_id)
+            .map(runtime_from_row);
+        c.fence = fences
+            .iter()
+            .find(|x| x.str(0) == c.cell_id)
+            .map(|x| Fence {
+                cell_incarnation: x.str(1),
+                attested_at: x.i64(2),
+                expires_at: x.i64(3),
+            });
+        c.outstanding = outstanding
+            .iter()
+            .find(|x| x.str(0) == c.cell_id)
+            .map_or(0, |x| x.i64(1));
+    }
+    Ok(cells)
+}
+
+/// One cell, read inside a transaction without locking it.
+pub async fn view_in(tx: &mut Tx, cell_id: &str) -> Result<Option<CellView>, DbError> {
+    Ok(views(Reader::Tx(tx), Which::One(cell_id), false)
+        .await?
+        .into_iter()
+        .next())
+}
+
+/// One cell (plain read).
+pub async fn view(db: &Db, cell_id: &str) -> Result<Option<CellView>, DbError> {
+    Ok(views(Reader::Db(db), Which::One(cell_id), false)
+        .await?
+        .into_iter()
+        .next())
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Heartbeats (director.md §3.6)
+
+/// A heartbeat that passed the schema checks, incarnation lowercased.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Beat {
+    pub cell_id: String,
+    pub cell_url: String,
+    pub region: String,
+    pub cell_incarnation: String,
+    pub started_at: i64,
+    pub ready: bool,
+    pub observed_requests: i64,
+    /// (total, inFlight, reservedUnits, enforcedUnits, hardCap, bound, watermark)
+    pub telemetry: Option<[i64; 7]>,
+}
+
+/// Refusals of the heartbeat transaction (409 codes) or a database failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BeatError {
+    Refused(&'static str),
+    Db(DbError),
+}
+
+impl From<DbError> for BeatError {
+    fn from(e: DbError) -> Self {
+        BeatError::Db(e)
+    }
+}
+
+impl super::RetryClass for BeatError {
+    fn retry_code(&self) -> Option<&'static str> {
+        match self {
+            BeatError::Db(e) => e.retry_code(),
+            _ => None,
+        }
+    }
+}
+
+/// Applies an accepted heartbeat, then releases reservations it settles (§4.4). A refused beat of
+/// an existing cell still deletes the cell's fence.
+pub async fn heartbeat(db: &Db, beat: &Beat, now: i64) -> Result<(), BeatError> {
+    let result: Result<bool, BeatError> =
+        crate::transaction!(db, "cell-runtime", |tx| apply_beat(tx, beat, now).await);
+    match result {
+        Ok(_) => {
+            let _ = release_after_beat(db, beat, now).await;
+            Ok(())
+        }
+        Err(BeatError::Refused(code)) => {
+            if code != "cell_not_found" {
+                let _ = delete_fence(db, &beat.cell_id).await;
+            }
+            Err(BeatError::Refused(code))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+async fn apply_beat(tx: &mut Tx, beat: &Beat, now: i64) -> Result<bool, BeatError> {
+    tx.set_lock_timeout(1_000).await?;
+    let cell = tx
+        .query_opt(
+            &format!("SELECT {CELL_COLUMNS} FROM relay_cells WHERE cell_id = $1 FOR UPDATE"),
+            params![&beat.cell_id],
+        )
+        .await?
+        .map(|r| cell_from_row(&r));
+    let cell = cell.ok_or(BeatError::Refused("cell_not_found"))?;
+    if cell.cell_url != beat.cell_url {
+        return Err(BeatError::Refused("cell_origin_mismatch"));
+    }
+    if cell.region != beat.region {
+        return Err(BeatError::Refused("cell_region_mismatch"));
+    }
+    let stored = tx
+        .query_opt(
+            &format!(
+                "SELECT {RUNTIME_COLUMNS} FROM relay_cell_runtime WHERE cell_id = $1 FOR UPDATE"
+            ),
+            params![&beat.cell_id],
+        )
+        .await?
+        .map(|r| runtime_from_row(&r));
+    let verdict = incarnation_verdict(
+        stored
+            .as_ref()
+            .map(|r| (r.cell_incarnation.as_str(), r.started_at)),
+        &beat.cell_incarnation,
+        beat.started_at,
+    );
+    if verdict == IncarnationVerdict::Stale {
+        return Err(BeatError::Refused("stale_cell_incarnation"));
+    }
+    match (cell.connection_hard_cap, &beat.telemetry) {
+        (Some(cap), Some(t)) => {
+            if t[4] != cap || Some(t[5]) != cell.connection_unobserved_bound {
+                return Err(BeatError::Refused("cell_connection_telemetry_mismatch"));
+            }
+        }
+        (Some(_), None) => return Err(BeatError::Refused("cell_connection_telemetry_mismatch")),
+        (None, Some(_)) => return Err(BeatError::Refused("cell_connection_limit_not_configured")),
+        (None, None) => {}
+    }
+    if let (Some(s), Some(t), IncarnationVerdict::Accept) = (&stored, &beat.telemetry, verdict) {
+        if s.telemetry
+            .as_ref()
+            .is_some_and(|st| t[6] <= st.inclusion_watermark)
+        {
+            return Err(BeatError::Refused("stale_connection_snapshot"));
+        }
+    }
+    let t = beat.telemetry.map(|t| t.map(Some)).unwrap_or([None; 7]);
+    let observed_at = beat.telemetry.map(|_| now);
+    let reset = stored.is_none() || verdict == IncarnationVerdict::Takeover;
+    if stored.is_none() {
+        tx.execute(
+            "INSERT INTO relay_cell_runtime (cell_id, cell_incarnation, started_at, ready, observed_requests, \
+             last_heartbeat_at, total_connections, in_flight_connections, reserved_connection_units, \
+             enforced_connection_units, connection_inclusion_watermark, connection_observed_at, \
+             regional_rehome_protocol, safety_json, safety_received_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 0, NULL, NULL, $6)",
+            params![
+                &beat.cell_id,
+                &beat.cell_incarnation,
+                beat.started_at,
+                beat.ready,
+                beat.observed_requests,
+                now,
+                t[0],
+                t[1],
+                t[2],
+                t[3],
+                t[6],
+                observed_at
+            ],
+        )
+        .await?;
+    } else {
+        tx.execute(
+            "UPDATE relay_cell_runtime SET cell_incarnation = $2, started_at = $3, ready = $4, \
+             observed_requests = $5, last_heartbeat_at = $6, total_connections = $7, in_flight_connections = $8, \
+             reserved_connection_units = $9, enforced_connection_units = $10, connection_inclusion_watermark = $11, \
+             connection_observed_at = $12, updated_at = $6, \
+             regional_rehome_protocol = CASE WHEN $13 THEN 0 ELSE regional_rehome_protocol END, \
+             safety_json = CASE WHEN $13 THEN NULL ELSE safety_json END, \
+             safety_received_at = CASE WHEN $13 THEN NULL ELSE safety_received_at END \
+             WHERE cell_id = $1",
+            params![
+                &beat.cell_id,
+                &beat.cell_incarnation,
+                beat.started_at,
+                beat.ready,
+                beat.observed_requests,
+                now,
+                t[0],
+                t[1],
+                t[2],
+                t[3],
+                t[6],
+                observed_at,
+                reset
+            ],
+        )
+        .await?;
+    }
+    tx.execute(
+        "DELETE FROM relay_cell_fences WHERE cell_id = $1",
+        params![&beat.cell_id],
+    )
+    .await?;
+    Ok(reset)
+}
+
+/// §4.4: claimed reservations of this cell that the beat accounts for (same incarnation and
+/// watermark ≤ W) or that belong to another incarnation → `released`.
+async fn release_after_beat(db: &Db, beat: &Beat, now: i64) -> Result<(), DbError> {
+    let watermark = beat.telemetry.map(|t| t[6]);
+    db.execute(
+        "UPDATE relay_connection_reservations SET state = 'released', released_at = $4 \
+         WHERE cell_id = $1 AND state = 'claimed' AND (cell_incarnation IS NULL OR cell_incarnation <> $2 \
+         OR (CAST($3 AS BIGINT) IS NOT NULL AND inclusion_watermark IS NOT NULL AND inclusion_watermark <= CAST($3 AS BIGINT)))",
+        params![&beat.cell_id, &beat.cell_incarnation, watermark, now],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Deletes the cell's fence in a small transaction of its own (cell row first, §2).
+pub async fn delete_fence(db: &Db, cell_id: &str) -> Result<(), DbError> {
+    crate::transaction!(db, "cell-runtime", |tx| {
+        tx.query(
+            "SELECT cell_id FROM relay_cells WHERE cell_id = $1 FOR UPDATE",
+            params![cell_id],
+        )
+        .await?;
+        tx.execute(
+            "DELETE FROM relay_cell_fences WHERE cell_id = $1",
+            params![cell_id],
+        )
+        .await?;
+        Ok::<_, DbError>(())
+    })
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Upserts and admission (director.md §3.8)
+
+/// A cell as registered by `cells`, `ORCA_RELAY_CELLS` or the local cell.
+#[derive(Debug, Clone)]
+pub struct CellSpec {
+    pub cell_id: String,
+    pub cell_url: String,
+    pub region: String,
+    pub capacity_requests: i64,
+    pub cap_and_bound: Option<(i64, i64)>,
+    pub initial_state: Admission,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CellError {
+    NotFound,
+    Refused(&'static str),
+    Db(DbError),
+}
+
+impl From<DbError> for CellError {
+    fn from(e: DbError) -> Self {
+        CellError::Db(e)
+    }
+}
+
+impl super::RetryClass for CellError {
+    fn retry_code(&self) -> Option<&'static str> {
+        match self {
+            CellError::Db(e) => e.retry_code(),
+            _ => None,
+        }
+    }
+}
+
+/// Creates the cell or updates URL, region, capacity, cap and bound (never the state or stamp).
+/// Returns `created`. A changed cap or bound nulls the runtime telemetry.
+pub async fn upsert_in(tx: &mut Tx, spec: &CellSpec, now: i64) -> Result<bool, CellError> {
+    let other = tx
+        .query_opt(
+            "SELECT cell_id FROM relay_cells WHERE cell_url = $1 AND cell_id <> $2",
+            params![&spec.cell_url, &spec.cell_id],
+        )
+        .await?;
+    if other.is_some() {
+        return Err(CellError::Refused("cell_url_conflict"));
+    }
+    let existing = tx
+        .query_opt(
+            "SELECT connection_hard_cap, connection_unobserved_bound FROM relay_cells WHERE cell_id = $1 FOR UPDATE",
+            params![&spec.cell_id],
+        )
+        .await?;
+    let (cap, bound) = match spec.cap_and_bound {
+        Some((c, b)) => (Some(c), Some(b)),
+        None => (None, None),
+    };
+    let res = match existing {
+        None => {
+            tx.execute(
+                "INSERT INTO relay_cells (cell_id, cell_url, region, capacity_requests, reserved_requests, \
+                 admission_state, roll_isolated_at, connection_hard_cap, connection_unobserved_bound, \
+                 admission_changed_at, created_at, updated_at) VALUES ($1, $2, $3, $4, 0, $5, NULL, $6, $7, $8, $8, $8)",
+                params![
+                    &spec.cell_id,
+                    &spec.cell_url,
+                    &spec.region,
+                    spec.capacity_requests,
+                    spec.initial_state.as_str(),
+                    cap,
+                    bound,
+                    now
+                ],
+            )
+            .await
+            .map(|_| true)
+        }
+        Some(r) => {
+            let changed = r.opt_i64(0) != cap || r.opt_i64(1) != bound;
+            let res = tx
+                .execute(
+                    "UPDATE relay_cells SET cell_url = $2, region = $3, capacity_requests = $4, \
+                     connection_hard_cap = $5, connection_unobserved_bound = $6, updated_at = $7 WHERE cell_id = $1",
+                    params![
+                        &spec.cell_id,
+                        &spec.cell_url,
+                        &spec.region,
+                        spec.capacity_requests,
+                        cap,
+                        bound,
+                        now
+                    ],
+                )
+                .await;
+            if res.is_ok() && changed {
+                null_telemetry(tx, &spec.cell_id, now).await?;
+            }
+            res.map(|_| false)
+        }
+    };
+    match res {
+        Ok(created) => Ok(created),
+        Err(DbError::UniqueViolation) => Err(CellError::Refused("cell_url_conflict")),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn null_telemetry(tx: &mut Tx, cell_id: &str, now: i64) -> Result<(), DbError> {
+    tx.execute(
+        "UPDATE relay_cell_runtime SET total_connections = NULL, in_flight_connections = NULL, \
+         reserved_connection_units = NULL, enforced_connection_units = NULL, \
+         connection_inclusion_watermark = NULL, connection_observed_at = NULL, updated_at = $2 WHERE cell_id = $1",
+        params![cell_id, now],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Upserts every spec in one transaction (all or nothing).
+pub async fn upsert_all(db: &Db, specs: &[CellSpec], now: i64) -> Result<Vec<bool>, CellError> {
+    crate::transaction!(db, "cells", |tx| {
+        let mut out = Vec::new();
+        let mut sorted: Vec<&CellSpec> = specs.iter().collect();
+        sorted.sort_by(|a, b| a.cell_id.cmp(&b.cell_id));
+        for s in sorted {
+            out.push(upsert_in(tx, s, now).await?);
+        }
+        Ok::<_, CellError>(out)
+    })
+}
+
+/// `cell-state`: sets the admission state and the roll stamp by the table of §6.2. Leaving
+/// `existing-only` deletes the fence.
+pub async fn set_state(
+    db: &Db,
+    cell_id: &str,
+    state: Admission,
+    roll_isolated: Option<bool>,
+    roll_isolated_at: Option<i64>,
+    now: i64,
+) -> Result<(), CellError> {
+    crate::transaction!(db, "cells", |tx| {
+        let row = tx
+            .query_opt(
+                "SELECT admission_state, roll_isolated_at FROM relay_cells WHERE cell_id = $1 FOR UPDATE",
+                params![cell_id],
+            )
+            .await?
+            .ok_or(CellError::NotFound)?;
+        let old_state = Admission::parse(&row.str(0)).unwrap_or(Admission::General);
+        let old_stamp = row.opt_i64(1);
+        let stamp = match (state, roll_isolated) {
+            (Admission::MigrationOnly, Some(true)) => old_stamp.or(roll_isolated_at).or(Some(now)),
+            (Admission::MigrationOnly, Some(false)) => None,
+            (Admission::MigrationOnly, None) => old_stamp,
+            _ => None,
+        };
+        tx.execute(
+            "UPDATE relay_cells SET admission_state = $2, roll_isolated_at = $3, updated_at = $4, \
+             admission_changed_at = CASE WHEN admission_state = $2 THEN admission_changed_at ELSE $4 END \
+             WHERE cell_id = $1",
+            params![cell_id, state.as_str(), stamp, now],
+        )
+        .await?;
+        if old_state == Admission::ExistingOnly && state != Admission::ExistingOnly {
+            tx.execute(
+                "DELETE FROM relay_cell_fences WHERE cell_id = $1",
+                params![cell_id],
+            )
+            .await?;
+        }
+        Ok::<_, CellError>(())
+    })
+}
+
+/// `cell-fence` (§4.3).
+pub async fn attest_fence(
+    db: &Db,
+    cell_id: &str,
+    incarnation: &str,
+    now: i64,
+) -> Result<Fence, CellError> {
+    crate::transaction!(db, "cells", |tx| {
+        let row = tx
+            .query_opt(
+                "SELECT admission_state FROM relay_cells WHERE cell_id = $1 FOR UPDATE",
+                params![cell_id],
+            )
+            .await?
+            .ok_or(CellError::NotFound)?;
+        if row.str(0) != "existing-only" {
+            return Err(CellError::Refused("cell_fence_admission_enabled"));
+        }
+        let rt = tx
+            .query_opt(
+                "SELECT cell_incarnation, last_heartbeat_at FROM relay_cell_runtime WHERE cell_id = $1 FOR UPDATE",
+                params![cell_id],
+            )
+            .await?;
+        let rt = match rt {
+            Some(r) if r.str(0) == incarnation => r,
+            _ => return Err(CellError::Refused("cell_fence_runtime_mismatch")),
+        };
+        if rt.i64(1) > now - crate::director::liveness::HEARTBEAT_TTL_MS {
+            return Err(CellError::Refused("cell_fence_runtime_not_stale"));
+        }
+        let fence = Fence {
+            cell_incarnation: incarnation.to_string(),
+            attested_at: now,
+            expires_at: now + crate::director::liveness::FENCE_TTL_MS,
+        };
+        tx.execute(
+            "INSERT INTO relay_cell_fences (cell_id, cell_incarnation, attested_at, expires_at) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (cell_id) DO UPDATE SET cell_incarnation = $2, attested_at = $3, expires_at = $4",
+            params![cell_id, incarnation, fence.attested_at, fence.expires_at],
+        )
+        .await?;
+        Ok(fence)
+    })
+}
+
+/// Locks the given cell rows in one statement, ascending (tier 4).
+pub async fn lock_cells(tx: &mut Tx, ids: &[String]) -> Result<(), DbError> {
+    let mut ids: Vec<&String> = ids.iter().collect();
+    ids.sort();
+    ids.dedup();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let marks: Vec<String> = (1..=ids.len()).map(|i| format!("${i}")).collect();
+    let p: Vec<Value> = ids.iter().map(|s| Value::from(s.as_str())).collect();
+    tx.query(
+        &format!(
+            "SELECT cell_id FROM relay_cells WHERE cell_id IN ({}) ORDER BY cell_id FOR UPDATE",
+            marks.join(", ")
+        ),
+        &p,
+    )
+    .await?;
+    Ok(())
+}
+
+/// The plain-read form of [`views`]: one statement joining runtime, fence and the outstanding
+/// reservation count (the hot sticky path reads a home this way several times per request).
+async fn joined_views(
+    mut r: Reader<'_>,
+    filter: &str,
+    p: &[Value],
+) -> Result<Vec<CellView>, DbError> {
+    let cols: String = CELL_COLUMNS
+        .split(", ")
+        .map(|c| format!("c.{}", c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let rt: String = RUNTIME_COLUMNS
+        .split(", ")
+        .map(|c| format!("r.{}", c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let filter = filter
+        .replace("cell_id", "c.cell_id")
+        .replace("admission_state", "c.admission_state");
+    let rows = r
+        .query(
+            &format!(
+                "SELECT {cols}, {rt}, f.cell_incarnation, f.attested_at, f.expires_at, \
+                 (SELECT COUNT(*) FROM relay_connection_reservations x WHERE x.cell_id = c.cell_id AND x.state IN ('reserved', 'claimed')) \
+                 FROM relay_cells c LEFT JOIN relay_cell_runtime r ON r.cell_id = c.cell_id \
+                 LEFT JOIN relay_cell_fences f ON f.cell_id = c.cell_id{filter} ORDER BY c.cell_id"
+            ),
+            p,
+        )
+        .await?;
+    const N: usize = 9;
+    const M: usize = 15;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let mut c = cell_from_row(row);
+            if !row.is_null(N) {
+                c.runtime = Some(runtime_from_row(&Row(row.0[N..N + M].to_vec())));
+            }
+            if !row.is_null(N + M) {
+                c.fence = Some(Fence {
+                    cell_incarnation: row.str(N + M),
+                    attested_at: row.i64(N + M + 1),
+                    expires_at: row.i64(N + M + 2),
+                });
+            }
+            c.outstanding = row.i64(N + M + 3);
+            c
+        })
+        .collect())
+}

@@ -1,0 +1,679 @@
+//! The `assign` transactions (director.md §5.2–§5.4): lock rows in the order of §2, hand plain rows
+//! to the pure rules of `director::placement`, and write what they decide.
+
+use serde_json::{json, Value as Json};
+
+use super::assignments::{
+    charge_cell, delete_lease, insert_lease, lock_leases, lock_open_migration, lock_reservations,
+    lock_row, read_row, refresh_row, release_epoch_reservations, reserve_connection, HostKey,
+    LEASE_TTL_MS,
+};
+use super::cells::{self, Reader, Which};
+use super::{Db, DbError, Tx};
+use crate::director::liveness::{Admission, CellView};
+use crate::director::placement::{
+    decide, decide_sticky, placement_region, select, Decision, HostView, MoveKind, Refusal, Scope,
+};
+use crate::params;
+
+/// Wait for cell rows in request paths (§2).
+pub const CELL_WAIT_MS: u64 = 500;
+/// Wait for a live `general` home's assignment row (§2).
+pub const STICKY_ROW_WAIT_MS: u64 = 1_000;
+
+/// A successful `assign`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub cell_id: String,
+    pub cell_url: String,
+    pub region: String,
+    pub assignment_epoch: i64,
+    pub lease_expires_at: i64,
+    /// The move this grant wrote, if any.
+    pub moved: Option<MoveKind>,
+}
+
+/// Why `assign` did not grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AssignError {
+    Refused(Refusal),
+    /// The host's row is locked elsewhere (`assignment_row_busy`).
+    RowBusy,
+    Db(DbError),
+    /// Internal: the row changed under us; run A again.
+    Restart,
+}
+
+impl From<DbError> for AssignError {
+    fn from(e: DbError) -> Self {
+        AssignError::Db(e)
+    }
+}
+
+impl super::RetryClass for AssignError {
+    fn retry_code(&self) -> Option<&'static str> {
+        match self {
+            AssignError::Db(e) => e.retry_code(),
+            _ => None,
+        }
+    }
+}
+
+/// Knobs of one `assign` call.
+#[derive(Debug, Clone, Copy)]
+pub struct AssignOptions {
+    /// Wait for cell rows: 500 ms on request paths, 1 000 ms for the dead-cell sweep.
+    pub cell_wait_ms: u64,
+}
+
+impl Default for AssignOptions {
+    fn default() -> Self {
+        AssignOptions {
+            cell_wait_ms: CELL_WAIT_MS,
+        }
+    }
+}
+
+/// `assign(host, preferredRegion?)`.
+pub async fn assign(
+    db: &Db,
+    host: &HostKey,
+    preferred_region: Option<&str>,
+    regions: &[String],
+    opts: AssignOptions,
+) -> Result<Grant, AssignError> {
+    let mut last = AssignError::Restart;
+    let mut mode = Mode::Sticky;
+    for _ in 0..6 {
+        let now = crate::clock::now_ms();
+        // A.1: plain read of the row and its home.
+        let plain = read_row(db, host).await?;
+        let wait = match (&plain, mode) {
+            (Some(row), Mode::Sticky) => match cells::view(db, &row.cell_id).await? {
+                Some(home) if home.live(now) && home.admission == Admission::General => {
+                    Some(STICKY_ROW_WAIT_MS)
+                }
+                _ => None,
+            },
+            _ => None,
+        };
+        let plain_cell = plain.map(|r| r.cell_id);
+        let mut events: Vec<(&'static str, Json)> = Vec::new();
+        let result: Result<Step, AssignError> = crate::transaction!(db, "assignment", |tx| {
+            events.clear();
+            assign_tx(
+                tx,
+                host,
+                plain_cell.as_deref(),
+                wait,
+                preferred_region,
+                regions,
+                opts,
+                mode,
+                now,
+                &mut events,
+            )
+            .await
+        });
+        match result {
+            Err(AssignError::Restart) => {
+                last = AssignError::Restart;
+                mode = Mode::Sticky;
+                continue;
+            }
+            Ok(Step::Done(g)) => {
+                for (name, fields) in events {
+                    crate::logging::event(name, fields);
+                }
+                return Ok(g);
+            }
+            Ok(Step::Isolated) => {
+                // I: tier 1 (home region), tier 2 (other regions), each its own transaction;
+                // nothing found, or a host that no longer qualifies, continues with M.
+                for inside in [true, false] {
+                    let mut events: Vec<(&'static str, Json)> = Vec::new();
+                    let r: Result<IStep, AssignError> =
+                        crate::transaction!(db, "assignment", |tx| {
+                            events.clear();
+                            isolated_tx(tx, host, inside, opts, crate::clock::now_ms(), &mut events)
+                                .await
+                        });
+                    match r? {
+                        IStep::Moved(g) => {
+                            for (name, fields) in events {
+                                crate::logging::event(name, fields);
+                            }
+                            return Ok(g);
+                        }
+                        IStep::NoTarget => continue,
+                        IStep::ToAllRows => break,
+                    }
+                }
+                mode = Mode::AllRows;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(match last {
+        AssignError::Restart => AssignError::Db(DbError::Serialization("40001")),
+        e => e,
+    })
+}
+
+/// Which entry of §5.2 a transaction plays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// A (then P or M in the same transaction).
+    Sticky,
+    /// M entered from I: its own transaction, assignment row NOWAIT.
+    AllRows,
+}
+
+/// What the first transaction concluded.
+enum Step {
+    Done(Grant),
+    /// A.4 found a roll-isolated home for a simple host: take the narrow path I.
+    Isolated,
+}
+
+/// Outcome of one tier of I.
+enum IStep {
+    Moved(Grant),
+    NoTarget,
+    ToAllRows,
+}
+
+/// Simple host (§5.1): every lease charged to the home and invariant 2 holds.
+pub fn simple(hv: &HostView) -> bool {
+    let mut c = [0i64; 6];
+    for l in &hv.leases {
+        if l.cell_id != hv.row.cell_id {
+            return false;
+        }
+        let i = match l.kind.as_str() {
+            "control" => 0,
+            "splice" => 1,
+            "invite" => 2,
+            "install" => 3,
+            "confirmation" => 4,
+            _ => 5,
+        };
+        c[i] += 1;
+    }
+    c == hv.row.counters
+}
+
+/// One tier of the isolated-replacement path: never locks or writes the home row.
+async fn isolated_tx(
+    tx: &mut Tx,
+    host: &HostKey,
+    inside: bool,
+    opts: AssignOptions,
+    now: i64,
+    events: &mut Vec<(&'static str, Json)>,
+) -> Result<IStep, AssignError> {
+    let row = match lock_row(tx, host, None).await.map_err(busy)? {
+        Some(r) => r,
+        None => return Ok(IStep::ToAllRows),
+    };
+    let leases = lock_leases(tx, host).await?;
+    let open_migration = lock_open_migration(tx, host).await?;
+    lock_reservations(tx, host).await?;
+    let hv = HostView {
+        row,
+        leases,
+        open_migration,
+    };
+    let home = cells::view_in(tx, &hv.row.cell_id).await?;
+    let live = home.as_ref().is_some_and(|h| h.live(now));
+    if !(hv.roll_isolated(home.as_ref(), now)
+        && (live || hv.roll_replaced(home.as_ref(), now))
+        && simple(&hv))
+    {
+        return Ok(IStep::ToAllRows);
+    }
+    let home = home.expect("roll-isolated implies a cell row");
+    tx.set_lock_timeout(opts.cell_wait_ms).await?;
+    let cells = cells::views(
+        Reader::Tx(tx),
+        Which::Region {
+            region: &home.region,
+            exclude: &home.cell_id,
+            inside,
+        },
+        true,
+    )
+    .await?;
+    let scope = if inside {
+        Scope::Require(&home.region)
+    } else {
+        Scope::Outside(&home.region)
+    };
+    let target = match select(&cells, scope, 1, Some(&home.cell_id), now) {
+        Some(t) => t,
+        None => return Ok(IStep::NoTarget),
+    };
+    let kind = MoveKind::Isolated { source_live: live };
+    let epoch = write_move(tx, host, Some(&hv), target, kind, None, now).await?;
+    events.push((
+        "orca_relay_sticky_replaced_off_isolated_cell",
+        json!({
+            "fromCellId": home.cell_id,
+            "fromRegion": home.region,
+            "admissionState": home.admission.as_str(),
+            "toCellId": target.cell_id,
+            "region": target.region,
+            "sourceLive": live,
+        }),
+    ));
+    let lease = tx
+        .query_opt(
+            "SELECT lease_expires_at FROM relay_assignments WHERE user_id = $1 AND relay_host_id = $2",
+            params![&host.user_id, &host.relay_host_id],
+        )
+        .await?
+        .map_or(now + LEASE_TTL_MS, |r| r.i64(0));
+    Ok(IStep::Moved(Grant {
+        cell_id: target.cell_id.clone(),
+        cell_url: target.cell_url.clone(),
+        region: target.region.clone(),
+        assignment_epoch: epoch,
+        lease_expires_at: lease,
+        moved: Some(kind),
+    }))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn assign_tx(
+    tx: &mut Tx,
+    host: &HostKey,
+    plain_cell: Option<&str>,
+    wait: Option<u64>,
+    preferred: Option<&str>,
+    regions: &[String],
+    opts: AssignOptions,
+    mode: Mode,
+    now: i64,
+    events: &mut Vec<(&'static str, Json)>,
+) -> Result<Step, AssignError> {
+    // A.2: the assignment row.
+    let row = lock_row(tx, host, wait).await.map_err(busy)?;
+    let row = match row {
+        None => {
+            // P: fresh placement over the general rows.
+            tx.set_lock_timeout(opts.cell_wait_ms).await?;
+            let cells = cells::views(Reader::Tx(tx), Which::General, true).await?;
+            let region = placement_region(preferred, None, regions);
+            return apply(
+                tx,
+                host,
+                None,
+                &cells,
+                decide(None, &cells, region, now),
+                preferred,
+                now,
+                events,
+            )
+            .await
+            .map(Step::Done);
+        }
+        Some(r) => r,
+    };
+    if plain_cell != Some(row.cell_id.as_str()) {
+        return Err(AssignError::Restart);
+    }
+    // A.3: host rows, then the preference.
+    let leases = lock_leases(tx, host).await?;
+    let open_migration = lock_open_migration(tx, host).await?;
+    lock_reservations(tx, host).await?;
+    let mut row = row;
+    if let Some(p) = preferred {
+        tx.execute(
+            "UPDATE relay_assignments SET preferred_region = $3, preferred_region_observed_at = $4 \
+             WHERE user_id = $1 AND relay_host_id = $2",
+            params![&host.user_id, &host.relay_host_id, p, now],
+        )
+        .await?;
+        row.preferred_region = Some(p.to_string());
+    }
+    let hv = HostView {
+        row,
+        leases,
+        open_migration,
+    };
+    let region =
+        placement_region(preferred, hv.row.preferred_region.as_deref(), regions).to_string();
+    // A.4–A.7 with a plain read of the home only.
+    let home = cells::views(Reader::Tx(tx), Which::One(&hv.row.cell_id), false)
+        .await?
+        .into_iter()
+        .next();
+    if mode == Mode::Sticky {
+        if let Some(d) = decide_sticky(&hv, home.as_ref(), now) {
+            let cells: Vec<CellView> = home.into_iter().collect();
+            return apply(tx, host, Some(&hv), &cells, d, preferred, now, events)
+                .await
+                .map(Step::Done);
+        }
+        // A.4: roll-isolated (liveness ignored) → I, for simple hosts that are not dormant or
+        // stranded (those rules come first and belong to M).
+        if hv.roll_isolated(home.as_ref(), now)
+            && !hv.dormant(now)
+            && !hv.stranded(home.as_ref(), now)
+            && simple(&hv)
+        {
+            return Ok(Step::Isolated);
+        }
+    }
+    // P (dormant) or M: every row the rule may need, locked in one statement.
+    tx.set_lock_timeout(opts.cell_wait_ms).await?;
+    let which = if hv.dormant(now) {
+        Which::General
+    } else {
+        Which::All
+    };
+    let cells = cells::views(Reader::Tx(tx), which, true).await?;
+    let d = decide(Some(&hv), &cells, &region, now);
+    apply(tx, host, Some(&hv), &cells, d, preferred, now, events)
+        .await
+        .map(Step::Done)
+}
+
+fn busy(e: DbError) -> AssignError {
+    match e {
+        DbError::LockUnavailable => AssignError::RowBusy,
+        e => AssignError::Db(e),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn apply(
+    tx: &mut Tx,
+    host: &HostKey,
+    hv: Option<&HostView>,
+    cells: &[CellView],
+    decision: Decision,
+    preferred: Option<&str>,
+    now: i64,
+    events: &mut Vec<(&'static str, Json)>,
+) -> Result<Grant, AssignError> {
+    match decision {
+        Decision::Refuse(r) => Err(AssignError::Refused(r)),
+        Decision::Grant { deferred } | Decision::ChargeHome { deferred } => {
+            let hv = hv.ok_or(AssignError::Refused(Refusal::CapacityExhausted))?;
+            let home = cells
+                .iter()
+                .find(|c| c.cell_id == hv.row.cell_id)
+                .ok_or(AssignError::Refused(Refusal::CapacityExhausted))?;
+            if matches!(decision, Decision::ChargeHome { .. }) {
+                // A.7: the home row (≤ 500 ms), capacity, then the pending control.
+                tx.set_lock_timeout(CELL_WAIT_MS).await?;
+                if !charge_cell(tx, &home.cell_id, 1, now).await? {
+                    return Err(AssignError::Refused(Refusal::CapacityExhausted));
+                }
+                let id = format!("control-pending:{}", hv.row.assignment_epoch);
+                if let Some(old) = hv.leases.iter().find(|l| l.activity_id == id) {
+                    delete_lease(tx, host, old, now).await?;
+                }
+                insert_lease(
+                    tx,
+                    host,
+                    &id,
+                    "control",
+                    &home.cell_id,
+                    1,
+                    now + LEASE_TTL_MS,
+                    now,
+                )
+                .await?;
+                if home.capped() {
+                    reserve_connection(tx, host, hv.row.assignment_epoch, &home.cell_id, now)
+                        .await?;
+                }
+            }
+            tx.execute(
+                "UPDATE relay_assignments SET lease_expires_at = CASE WHEN lease_expires_at >= $3 \
+                 THEN lease_expires_at ELSE $3 END, last_activity_at = $4, updated_at = $4 \
+                 WHERE user_id = $1 AND relay_host_id = $2",
+                params![&host.user_id, &host.relay_host_id, now + LEASE_TTL_MS, now],
+            )
+            .await?;
+            refresh_row(tx, host, Some(now), now).await?;
+            if deferred {
+                events.push((
+                    "orca_relay_sticky_replacement_deferred",
+                    json!({"reason":"no_replacement_headroom","cellId":home.cell_id,"region":home.region}),
+                ));
+            }
+            let lease = tx
+                .query_opt(
+                    "SELECT lease_expires_at FROM relay_assignments WHERE user_id = $1 AND relay_host_id = $2",
+                    params![&host.user_id, &host.relay_host_id],
+                )
+                .await?
+                .map_or(now + LEASE_TTL_MS, |r| r.i64(0));
+            Ok(Grant {
+                cell_id: home.cell_id.clone(),
+                cell_url: home.cell_url.clone(),
+                region: home.region.clone(),
+                assignment_epoch: hv.row.assignment_epoch,
+                lease_expires_at: lease,
+                moved: None,
+            })
+        }
+        Decision::Move { target, kind } => {
+            let target = cells
+                .iter()
+                .find(|c| c.cell_id == target)
+                .ok_or(AssignError::Refused(Refusal::CapacityExhausted))?;
+            let epoch = write_move(tx, host, hv, target, kind, preferred, now).await?;
+            if let (MoveKind::Isolated { source_live }, Some(hv)) = (kind, hv) {
+                let from = cells.iter().find(|c| c.cell_id == hv.row.cell_id);
+                events.push((
+                    "orca_relay_sticky_replaced_off_isolated_cell",
+                    json!({
+                        "fromCellId": hv.row.cell_id,
+                        "fromRegion": from.map(|c| c.region.clone()),
+                        "admissionState": from.map(|c| c.admission.as_str()),
+                        "toCellId": target.cell_id,
+                        "region": target.region,
+                        "sourceLive": source_live,
+                    }),
+                ));
+            }
+            let lease = tx
+                .query_opt(
+                    "SELECT lease_expires_at FROM relay_assignments WHERE user_id = $1 AND relay_host_id = $2",
+                    params![&host.user_id, &host.relay_host_id],
+                )
+                .await?
+                .map_or(now + LEASE_TTL_MS, |r| r.i64(0));
+            Ok(Grant {
+                cell_id: target.cell_id.clone(),
+                cell_url: target.cell_url.clone(),
+                region: target.region.clone(),
+                assignment_epoch: epoch,
+                lease_expires_at: lease,
+                moved: Some(kind),
+            })
+        }
+    }
+}
+
+/// Writes a move (§5.3) to `target`, whose row the caller holds; returns the new epoch.
+pub async fn write_move(
+    tx: &mut Tx,
+    host: &HostKey,
+    hv: Option<&HostView>,
+    target: &CellView,
+    kind: MoveKind,
+    preferred: Option<&str>,
+    now: i64,
+) -> Result<i64, AssignError> {
+    let new_epoch = match hv {
+        Some(hv) => {
+            if !kind.keeps_leases() {
+                for l in &hv.leases {
+                    delete_lease(tx, host, l, now).await?;
+                }
+                if let Some(m) = &hv.open_migration {
+                    abort_migration(tx, host, m.assignment_epoch, "superseded", now).await?;
+                }
+            }
+            release_epoch_reservations(tx, host, hv.row.assignment_epoch, now).await?;
+            let e = hv.row.assignment_epoch + 1;
+            tx.execute(
+                "UPDATE relay_assignments SET cell_id = $3, assignment_epoch = $4, lease_expires_at = $5, \
+                 last_activity_at = $6, updated_at = $6 WHERE user_id = $1 AND relay_host_id = $2",
+                params![
+                    &host.user_id,
+                    &host.relay_host_id,
+                    &target.cell_id,
+                    e,
+                    now + LEASE_TTL_MS,
+                    now
+                ],
+            )
+            .await?;
+            e
+        }
+        None => {
+            let r = tx
+                .execute(
+                    "INSERT INTO relay_assignments (user_id, relay_host_id, cell_id, assignment_epoch, \
+                     lease_expires_at, last_activity_at, preferred_region, preferred_region_observed_at, \
+                     created_at, updated_at) VALUES ($1, $2, $3, 1, $4, $5, $6, $7, $5, $5)",
+                    params![
+                        &host.user_id,
+                        &host.relay_host_id,
+                        &target.cell_id,
+                        now + LEASE_TTL_MS,
+                        now,
+                        preferred,
+                        preferred.map(|_| now)
+                    ],
+                )
+                .await;
+            match r {
+                Ok(_) => 1,
+                Err(DbError::UniqueViolation) => return Err(AssignError::Restart),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    };
+    if !charge_cell(tx, &target.cell_id, 1, now).await? {
+        return Err(AssignError::Refused(Refusal::CapacityExhausted));
+    }
+    insert_lease(
+        tx,
+        host,
+        &format!("control-pending:{new_epoch}"),
+        "control",
+        &target.cell_id,
+        1,
+        now + LEASE_TTL_MS,
+        now,
+    )
+    .await?;
+    if target.capped() {
+        reserve_connection(tx, host, new_epoch, &target.cell_id, now).await?;
+    }
+    refresh_row(tx, host, Some(now), now).await?;
+    Ok(new_epoch)
+}
+
+/// Aborts an open migration (the caller holds the host rows).
+pub async fn abort_migration(
+    tx: &mut Tx,
+    host: &HostKey,
+    epoch: i64,
+    reason: &str,
+    now: i64,
+) -> Result<(), DbError> {
+    tx.execute(
+        "UPDATE relay_assignment_migrations SET aborted_at = $4, abort_reason = $5, updated_at = $4 \
+         WHERE user_id = $1 AND relay_host_id = $2 AND assignment_epoch = $3 AND completed_at IS NULL AND aborted_at IS NULL",
+        params![&host.user_id, &host.relay_host_id, epoch, now, reason],
+    )
+    .await?;
+    Ok(())
+}
+
+/// What `/v1/resolve` answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    pub cell_id: String,
+    pub cell_url: String,
+    pub assignment_epoch: i64,
+    pub lease_expires_at: i64,
+}
+
+/// `resolve(host)` (§5.4): a plain read; a live home answers unchanged, anything else goes through
+/// `assign` without a region hint.
+pub async fn resolve(db: &Db, host: &HostKey, regions: &[String]) -> Result<Resolved, AssignError> {
+    let now = crate::clock::now_ms();
+    if let Some(row) = read_row(db, host).await? {
+        if let Some(home) = cells::view(db, &row.cell_id).await? {
+            if home.live(now) {
+                return Ok(Resolved {
+                    cell_id: home.cell_id,
+                    cell_url: home.cell_url,
+                    assignment_epoch: row.assignment_epoch,
+                    lease_expires_at: row.lease_expires_at,
+                });
+            }
+        }
+    }
+    let g = assign(db, host, None, regions, AssignOptions::default()).await?;
+    Ok(Resolved {
+        cell_id: g.cell_id,
+        cell_url: g.cell_url,
+        assignment_epoch: g.assignment_epoch,
+        lease_expires_at: g.lease_expires_at,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::assignments::{AssignmentRow, Lease};
+
+    fn lease(id: &str, kind: &str, cell: &str) -> Lease {
+        Lease {
+            activity_id: id.into(),
+            kind: kind.into(),
+            cell_id: cell.into(),
+            request_units: 1,
+            expires_at: 0,
+            control_generation: None,
+            cell_incarnation: None,
+            idle_regional_rehome: false,
+            renewed_at: None,
+        }
+    }
+
+    #[test]
+    fn simple_hosts() {
+        let mut hv = HostView {
+            row: AssignmentRow {
+                cell_id: "A".into(),
+                assignment_epoch: 1,
+                lease_expires_at: 0,
+                last_activity_at: 0,
+                counters: [1, 1, 0, 0, 0, 0],
+                preferred_region: None,
+            },
+            leases: vec![
+                lease("control-pending:1", "control", "A"),
+                lease("splice:x", "splice", "A"),
+            ],
+            open_migration: None,
+        };
+        assert!(simple(&hv));
+        hv.row.counters[1] = 2;
+        assert!(!simple(&hv), "invariant 2 broken");
+        hv.row.counters[1] = 1;
+        hv.leases[1].cell_id = "B".into();
+        assert!(!simple(&hv), "a lease charged elsewhere");
+    }
+}

@@ -1,0 +1,262 @@
+//! The real binary: `orca-relay serve` with nothing configured creates its data directory and
+//! secrets, serves, restarts with the same secrets, exits on SIGTERM, and never logs a secret.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use orca_relay::store::testing::{temp_dir, TestDb};
+
+struct Server {
+    child: Child,
+    addr: String,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+fn spawn(cwd: &Path, envs: &[(&str, &str)]) -> Server {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_orca-relay"));
+    cmd.arg("serve")
+        .current_dir(cwd)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("RUST_LOG", "info")
+        .env("ORCA_RELAY_LISTEN", "127.0.0.1:0")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn orca-relay");
+    let stderr = child.stderr.take().unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let sink = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(i) = line.find("listening on http://") {
+                let _ = tx.send(line[i + "listening on http://".len()..].trim().to_string());
+            }
+            sink.lock().unwrap().push(line);
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(20))
+        .unwrap_or_else(|_| panic!("server did not start: {:?}", log.lock().unwrap()));
+    Server { child, addr, log }
+}
+
+impl Server {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// SIGTERM and wait; returns the exit code and how long it took.
+    fn terminate(mut self) -> (i32, Duration, Vec<String>) {
+        let start = Instant::now();
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(12),
+                "no exit after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        let log = self.log.lock().unwrap().clone();
+        (status.code().unwrap_or(-1), start.elapsed(), log)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+fn read_secrets(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("data/secrets.json")).unwrap()).unwrap()
+}
+
+async fn mint(s: &Server, self_hosted_key: &str) -> reqwest::Response {
+    let kp = orca_relay::crypto::nacl::X25519Keypair::from_secret([7; 32]);
+    reqwest::Client::new()
+        .post(s.url("/v1/host-token"))
+        .bearer_auth(self_hosted_key)
+        .json(&serde_json::json!({
+            "relayHostId": orca_relay::crypto::ident::relay_host_id(&kp.public),
+            "hostPublicKeyB64": orca_relay::crypto::b64::std_encode(&kp.public),
+        }))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn single_node_defaults_restart_and_sigterm() {
+    let cwd = temp_dir("orca-relay-serve");
+    let s = spawn(&cwd, &[]);
+    assert!(cwd.join("data/orca-relay.sqlite3").exists());
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(cwd.join("data/secrets.json"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    let secrets = read_secrets(&cwd);
+    let health: serde_json::Value = reqwest::get(s.url("/health"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        health["roles"],
+        serde_json::json!(["director", "cell", "push"])
+    );
+    let ready = reqwest::get(s.url("/ready")).await.unwrap();
+    assert_eq!(ready.status(), 200);
+    let resp = mint(&s, secrets["selfHostedKey"].as_str().unwrap()).await;
+    assert_eq!(resp.status(), 200);
+    let (code, took, log) = s.terminate();
+    assert_eq!(code, 0, "{log:?}");
+    assert!(took < Duration::from_secs(10));
+    assert!(log.iter().any(|l| l.contains("orca_relay_process_started")));
+    assert!(log
+        .iter()
+        .any(|l| l.contains("orca_relay_process_stopping")));
+
+    // Restart: the same secrets file is reused, unchanged.
+    let before = std::fs::read(cwd.join("data/secrets.json")).unwrap();
+    let s = spawn(&cwd, &[]);
+    assert_eq!(
+        std::fs::read(cwd.join("data/secrets.json")).unwrap(),
+        before
+    );
+    let resp = mint(&s, secrets["selfHostedKey"].as_str().unwrap()).await;
+    assert_eq!(resp.status(), 200);
+    let (code, _, log2) = s.terminate();
+    assert_eq!(code, 0);
+
+    // No secret value ever reaches the log.
+    for line in log.iter().chain(log2.iter()) {
+        for (name, value) in secrets.as_object().unwrap() {
+            if let Some(v) = value.as_str() {
+                assert!(!line.contains(v), "{name} leaked into the log: {line}");
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&cwd);
+}
+
+#[tokio::test]
+async fn bad_configuration_exits_with_one_line() {
+    let cwd = temp_dir("orca-relay-serve");
+    let out = Command::new(env!("CARGO_BIN_EXE_orca-relay"))
+        .current_dir(&cwd)
+        .env_clear()
+        .env("ORCA_RELAY_ROLE", "director")
+        .env("ORCA_RELAY_ASSIGNMENT_SIGNING_KEY", "short")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.trim(),
+        "ORCA_RELAY_ASSIGNMENT_SIGNING_KEY must be at least 32 bytes"
+    );
+    let _ = std::fs::remove_dir_all(&cwd);
+}
+
+#[tokio::test]
+async fn postgres_url_migrates_and_serves() {
+    let Some(t) = TestDb::postgres().await else {
+        return;
+    };
+    // A second start against the already-migrated schema works too (migrations are idempotent).
+    let cwd = temp_dir("orca-relay-serve");
+    let key = "0123456789abcdef0123456789abcdef";
+    let admin = "admin-token-admin-token-admin-token-0001";
+    let shk = "self-hosted-key-self-hosted-key-0001";
+    let envs = [
+        ("ORCA_RELAY_DATABASE_URL", t.url.as_str()),
+        ("ORCA_RELAY_ASSIGNMENT_SIGNING_KEY", key),
+        ("ORCA_RELAY_CLUSTER_KEY", key),
+        ("ORCA_RELAY_ADMIN_TOKEN", admin),
+        ("ORCA_RELAY_SELF_HOSTED_KEY", shk),
+    ];
+    let s = spawn(&cwd, &envs);
+    assert!(
+        !cwd.join("data/secrets.json").exists(),
+        "nothing generated outside single node"
+    );
+    assert_eq!(reqwest::get(s.url("/ready")).await.unwrap().status(), 200);
+    assert_eq!(mint(&s, shk).await.status(), 200);
+    let (code, _, log) = s.terminate();
+    assert_eq!(code, 0);
+    assert!(log.iter().any(|l| l.contains("\"database\":\"postgres\"")));
+    for line in &log {
+        assert!(!line.contains(key) && !line.contains(admin) && !line.contains(shk));
+    }
+    let _ = std::fs::remove_dir_all(&cwd);
+}
+
+#[tokio::test]
+async fn admin_and_host_token_commands_talk_to_a_running_server() {
+    let cwd = temp_dir("orca-relay-serve");
+    let s = spawn(&cwd, &[]);
+    let url = format!("http://{}", s.addr);
+    let data = cwd.join("data");
+    let run = |args: &[&str], envs: &[(&str, &str)]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_orca-relay"));
+        cmd.arg(args[0])
+            .env_clear()
+            .arg("--url")
+            .arg(&url)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(&args[1..]);
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    };
+    let kp = orca_relay::crypto::nacl::X25519Keypair::from_secret([9; 32]);
+    let key = orca_relay::crypto::b64::std_encode(&kp.public);
+    let out = run(&["host-token", "--key", &key], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["relayToken"].as_str().unwrap().split('.').count() == 3);
+
+    let out = run(&["admin", "status"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["roles"], serde_json::json!(["director", "cell", "push"]));
+
+    let wrong = "wrong-admin-token-wrong-admin-token-0001";
+    let out = run(&["admin", "status"], &[("ORCA_RELAY_ADMIN_TOKEN", wrong)]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid_token"));
+    let out = run(&["host-token", "--key", "not-a-key"], &[]);
+    assert!(!out.status.success());
+    let (code, _, _) = s.terminate();
+    assert_eq!(code, 0);
+    let _ = std::fs::remove_dir_all(&cwd);
+}
