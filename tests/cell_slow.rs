@@ -72,7 +72,9 @@ async fn expiring_token_drain_only_then_closed() {
         .unwrap();
     // Wait for the first tick past exp (ticks every 15 s; pong to stay alive).
     while orca_relay::clock::now_ms() <= exp_ms + 15_500 {
-        let v = recv_json(&mut c.ws, Duration::from_secs(40)).await.expect("control open");
+        let v = recv_json(&mut c.ws, Duration::from_secs(40))
+            .await
+            .expect("control open");
         assert_eq!(v["type"], "ping");
         c.send(json!({"type":"pong","t":v["t"]})).await;
     }
