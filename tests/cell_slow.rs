@@ -71,12 +71,12 @@ async fn expiring_token_drain_only_then_closed() {
         .await
         .unwrap();
     // Wait for the first tick past exp (ticks every 15 s; pong to stay alive).
-    loop {
-        let v = c.recv(Duration::from_secs(40)).await;
-        assert!(v.is_ok(), "{v:?}");
-        if orca_relay::clock::now_ms() > exp_ms + 15_500 {
-            break;
-        }
+    while orca_relay::clock::now_ms() <= exp_ms + 15_500 {
+        let v = recv_json(&mut c.ws, Duration::from_secs(40))
+            .await
+            .expect("control open");
+        assert_eq!(v["type"], "ping");
+        c.send(json!({"type":"pong","t":v["t"]})).await;
     }
     c.send(json!({"type":"invite-create","reqId":"late","relayDeviceId":"d3"}))
         .await;
