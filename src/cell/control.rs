@@ -605,6 +605,51 @@ fn on_tick(cell: &Arc<Cell>, session: &Arc<Session>, sock_id: u64) -> Option<(u1
     None
 }
 
+/// What a renewal outcome asks of the session (protocol.md §4.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenewalAction {
+    /// `renewed`: next renewal due 30 s after this one started.
+    NextDue,
+    /// Close the control 4503 with this reason.
+    Close(&'static str),
+    /// `control_activity_not_found`: re-acquire the same id (kind `control`).
+    Reacquire,
+    /// Retry on the next tick; `log` unless the row was only locked elsewhere.
+    RetryNextTick { log: bool },
+}
+
+/// The §4.4 table as a pure mapping.
+pub fn renewal_action(outcome: RenewalOutcome) -> RenewalAction {
+    match outcome {
+        RenewalOutcome::Renewed => RenewalAction::NextDue,
+        RenewalOutcome::AssignmentNotFound => {
+            RenewalAction::Close(reason::CONTROL_ASSIGNMENT_MISSING)
+        }
+        RenewalOutcome::ActivityCellNotAuthoritative => {
+            RenewalAction::Close(reason::CONTROL_MIGRATION_COMPLETED)
+        }
+        RenewalOutcome::ControlActivityMoved => {
+            RenewalAction::Close(reason::CONTROL_ACTIVITY_MOVED)
+        }
+        RenewalOutcome::ControlActivityNotFound => RenewalAction::Reacquire,
+        RenewalOutcome::AssignmentLockUnavailable => RenewalAction::RetryNextTick { log: false },
+        RenewalOutcome::InvalidActivityId
+        | RenewalOutcome::InvalidActivityExpiry
+        | RenewalOutcome::DatabaseError => RenewalAction::RetryNextTick { log: true },
+    }
+}
+
+/// True when a renewal outcome still concerns the session's current control: same socket, same
+/// activity id, same authority revision (an outcome landing after a rebind or drain is ignored).
+pub fn renewal_is_current(
+    current: Option<(u64, &str, u64)>,
+    sock_id: u64,
+    activity_id: &str,
+    rev: u64,
+) -> bool {
+    current == Some((sock_id, activity_id, rev))
+}
+
 /// Applies a renewal outcome (§4.4) unless the session, socket, activity or authority changed.
 async fn on_renewal(
     cell: &Arc<Cell>,
@@ -618,27 +663,24 @@ async fn on_renewal(
     let close = {
         let mut st = session.lock();
         st.renewal_in_flight = false;
-        let current = st.control.as_ref().is_some_and(|c| c.sock_id == sock_id)
-            && st.activity_id == row.activity_id
-            && st.authority_rev == rev;
-        if !current {
+        let now_current = st
+            .control
+            .as_ref()
+            .map(|c| (c.sock_id, st.activity_id.as_str(), st.authority_rev));
+        if !renewal_is_current(now_current, sock_id, &row.activity_id, rev) {
             return;
         }
-        match outcome {
-            RenewalOutcome::Renewed => {
+        match renewal_action(outcome) {
+            RenewalAction::NextDue => {
                 st.renewal_due = started + limits::CONTROL_RENEWAL_INTERVAL_MS;
                 None
             }
-            RenewalOutcome::AssignmentNotFound => Some(reason::CONTROL_ASSIGNMENT_MISSING),
-            RenewalOutcome::ActivityCellNotAuthoritative => {
-                Some(reason::CONTROL_MIGRATION_COMPLETED)
-            }
-            RenewalOutcome::ControlActivityMoved => Some(reason::CONTROL_ACTIVITY_MOVED),
-            RenewalOutcome::ControlActivityNotFound => Some(""),
-            other => {
-                if other != RenewalOutcome::AssignmentLockUnavailable {
+            RenewalAction::Close(r) => Some(r),
+            RenewalAction::Reacquire => Some(""),
+            RenewalAction::RetryNextTick { log } => {
+                if log {
                     log::warn!(
-                        "[orca-relay] control renewal failed host={} outcome={other:?}",
+                        "[orca-relay] control renewal failed host={} outcome={outcome:?}",
                         logging::digest(&session.key.relay_host_id)
                     );
                 }
@@ -979,4 +1021,70 @@ fn reorder_type(v: Value) -> Value {
         }
     }
     Value::Object(out)
+}
+
+#[cfg(test)]
+mod renewal_tests {
+    use super::*;
+
+    /// P-45: each §4.4 outcome maps to its action.
+    #[test]
+    fn every_outcome_maps_to_its_action() {
+        use RenewalAction::*;
+        let cases = [
+            (RenewalOutcome::Renewed, NextDue),
+            (
+                RenewalOutcome::AssignmentNotFound,
+                Close("control assignment missing"),
+            ),
+            (
+                RenewalOutcome::ActivityCellNotAuthoritative,
+                Close("control migration completed"),
+            ),
+            (
+                RenewalOutcome::ControlActivityMoved,
+                Close("control activity moved"),
+            ),
+            (RenewalOutcome::ControlActivityNotFound, Reacquire),
+            (
+                RenewalOutcome::AssignmentLockUnavailable,
+                RetryNextTick { log: false },
+            ),
+            (
+                RenewalOutcome::InvalidActivityId,
+                RetryNextTick { log: true },
+            ),
+            (
+                RenewalOutcome::InvalidActivityExpiry,
+                RetryNextTick { log: true },
+            ),
+            (RenewalOutcome::DatabaseError, RetryNextTick { log: true }),
+        ];
+        for (outcome, action) in cases {
+            assert_eq!(renewal_action(outcome), action, "{outcome:?}");
+        }
+    }
+
+    /// P-45: an outcome landing after a rebind (new socket or authority revision), a new
+    /// generation (new activity id) or with no control at all is ignored.
+    #[test]
+    fn stale_outcomes_are_ignored() {
+        let id = "control:local:1";
+        assert!(renewal_is_current(Some((7, id, 3)), 7, id, 3));
+        assert!(
+            !renewal_is_current(Some((8, id, 3)), 7, id, 3),
+            "rebind: new socket"
+        );
+        assert!(
+            !renewal_is_current(Some((7, id, 4)), 7, id, 3),
+            "authority revision bumped"
+        );
+        assert!(!renewal_is_current(
+            Some((7, "control:local:2", 3)),
+            7,
+            id,
+            3
+        ));
+        assert!(!renewal_is_current(None, 7, id, 3), "socket gone");
+    }
 }
