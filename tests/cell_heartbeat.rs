@@ -289,3 +289,80 @@ async fn cell_heartbeats_to_remote_director_uncapped_and_capped() {
     drop(a);
     drop(b);
 }
+
+// ---------------------------------------------------------------------------------------------------
+// P-50 (second half): the store goes away during host-hello → close 4429.
+
+#[path = "support/cell/mod.rs"]
+mod support;
+
+/// A loopback TCP proxy to the test Postgres with a switch that drops every proxied connection
+/// and refuses new ones (a store outage as the cell sees it).
+struct Proxy {
+    addr: SocketAddr,
+    cut: Arc<std::sync::atomic::AtomicBool>,
+    conns: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl Proxy {
+    async fn start(upstream: &'static str) -> Proxy {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let conns: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+        let (c, cs) = (cut.clone(), conns.clone());
+        tokio::spawn(async move {
+            while let Ok((mut down, _)) = listener.accept().await {
+                if c.load(Ordering::SeqCst) {
+                    drop(down);
+                    continue;
+                }
+                let task = tokio::spawn(async move {
+                    if let Ok(mut up) = tokio::net::TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                    }
+                });
+                cs.lock().unwrap().push(task.abort_handle());
+            }
+        });
+        Proxy { addr, cut, conns }
+    }
+
+    /// Refuses new connections and closes every current one (both sides).
+    fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        for h in self.conns.lock().unwrap().drain(..) {
+            h.abort();
+        }
+    }
+}
+
+#[tokio::test]
+async fn store_outage_during_hello_closes_4429() {
+    let Some(pg) = TestDb::postgres().await else {
+        eprintln!(
+            "skipping: {} unset",
+            orca_relay::store::testing::POSTGRES_ENV
+        );
+        return;
+    };
+    let proxy = Proxy::start("127.0.0.1:5432").await;
+    let url = pg
+        .url
+        .replacen("127.0.0.1:5432", &proxy.addr.to_string(), 1);
+    assert_ne!(url, pg.url, "test Postgres must be on 127.0.0.1:5432");
+    let s = support::start_on(&url, &[]).await;
+    let host = support::Host::assigned(&s, "outage").await;
+
+    proxy.cut();
+    let started = Instant::now();
+    let got = host.connect_with(&s, &host.hello()).await.err();
+    assert_eq!(
+        got,
+        Some((4429, "relay temporarily unavailable".to_string())),
+        "after {:?}",
+        started.elapsed()
+    );
+    s.running.shutdown().await;
+}
