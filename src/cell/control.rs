@@ -37,6 +37,30 @@ fn close_with(code: u16, r: &'static str) -> Fail {
     Fail::Close(code, r)
 }
 
+/// Waits for this host's activation turn (§3.5): the tokio mutex queues waiters FIFO; `None` once
+/// `wait` passes without the turn (the caller closes 4429 `control activation queue stalled`).
+async fn wait_activation_turn(
+    lock: Arc<tokio::sync::Mutex<()>>,
+    wait: Duration,
+) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+    tokio::time::timeout(wait, lock.lock_owned()).await.ok()
+}
+
+/// True when the host's session changed (replaced or created) while this handshake was queued:
+/// the queued control must not activate over it (4408 `control activation superseded`).
+fn superseded(current_session_id: Option<u64>, seen: Option<u64>) -> bool {
+    current_session_id != seen
+}
+
+/// The close for a refused `activateControl`: every refusal (a changed assignment, or a store that
+/// cannot confirm it) is 4409 `assignment changed during host proof`.
+fn activation_refusal(_e: store::ActivityError) -> (u16, &'static str) {
+    (
+        close::WRONG_CELL,
+        reason::ASSIGNMENT_CHANGED_DURING_HOST_PROOF,
+    )
+}
+
 /// Runs one control socket from the upgrade to its close.
 pub async fn run(
     cell: Arc<Cell>,
@@ -216,19 +240,16 @@ async fn handshake(
     }
     // §3.5 activation, serialised per host, FIFO.
     let lock = cell.registry().activation_lock(key);
-    let _turn = match tokio::time::timeout(
+    let Some(_turn) = wait_activation_turn(
+        lock,
         Duration::from_millis(limits::ACTIVATION_QUEUE_WAIT_MS),
-        lock.lock_owned(),
     )
     .await
-    {
-        Ok(g) => g,
-        Err(_) => {
-            return Err(close_with(
-                close::LIMIT_EXCEEDED,
-                reason::CONTROL_ACTIVATION_QUEUE_STALLED,
-            ))
-        }
+    else {
+        return Err(close_with(
+            close::LIMIT_EXCEEDED,
+            reason::CONTROL_ACTIVATION_QUEUE_STALLED,
+        ));
     };
     if cell.idle_gate_closed(key) {
         return Err(close_with(
@@ -236,7 +257,7 @@ async fn handshake(
             reason::IDLE_CUTOVER_IN_PROGRESS,
         ));
     }
-    if cell.registry().get(key).map(|s| s.id) != seen_id {
+    if superseded(cell.registry().get(key).map(|s| s.id), seen_id) {
         return Err(close_with(
             close::PEER_DROPPED,
             reason::CONTROL_ACTIVATION_SUPERSEDED,
@@ -257,14 +278,10 @@ async fn handshake(
         now,
     )
     .await
+    .map_err(activation_refusal)
     {
         Ok(a) => a,
-        Err(_) => {
-            return Err(close_with(
-                close::WRONG_CELL,
-                reason::ASSIGNMENT_CHANGED_DURING_HOST_PROOF,
-            ))
-        }
+        Err((code, r)) => return Err(close_with(code, r)),
     };
     if store::mark_migration_target_registered(
         &cell.ctx.db,
@@ -1086,5 +1103,101 @@ mod renewal_tests {
             3
         ));
         assert!(!renewal_is_current(None, 7, id, 3), "socket gone");
+    }
+}
+
+#[cfg(test)]
+mod activation_tests {
+    use super::*;
+    use tokio::time::Instant;
+
+    /// The wait is a parameter, so the queue logic runs on a short real window here (the crate
+    /// builds tokio without `test-util`); the production value is checked to be 30 s.
+    const WAIT: Duration = Duration::from_millis(300);
+
+    /// P-48: a second activation waits for the first, and waiters get their turn in arrival order.
+    #[tokio::test]
+    async fn second_activation_waits_fifo() {
+        let lock = Arc::new(tokio::sync::Mutex::new(()));
+        let first = wait_activation_turn(lock.clone(), WAIT)
+            .await
+            .expect("free lock");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut waiters = Vec::new();
+        for n in 0..3 {
+            let (lock, tx) = (lock.clone(), tx.clone());
+            waiters.push(tokio::spawn(async move {
+                let turn = wait_activation_turn(lock, WAIT).await.expect("turn");
+                tx.send(n).unwrap();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                drop(turn);
+            }));
+            // Let this waiter enqueue before the next one arrives.
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            rx.try_recv().is_err(),
+            "nobody activates while the first holds the turn"
+        );
+        drop(first);
+        for w in waiters {
+            w.await.unwrap();
+        }
+        let order: Vec<i32> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        assert_eq!(order, vec![0, 1, 2]);
+    }
+
+    /// P-48: a waiter behind a held turn gives up after the queue wait (30 s in production →
+    /// 4429 stalled), not before.
+    #[tokio::test]
+    async fn queue_stall_gives_up_after_the_wait() {
+        assert_eq!(limits::ACTIVATION_QUEUE_WAIT_MS, 30_000);
+        let lock = Arc::new(tokio::sync::Mutex::new(()));
+        let _held = lock.clone().lock_owned().await;
+        let start = Instant::now();
+        assert!(wait_activation_turn(lock.clone(), WAIT).await.is_none());
+        let waited = start.elapsed();
+        assert!(
+            waited >= WAIT && waited < WAIT * 3,
+            "gave up after {waited:?}"
+        );
+        // Just inside the window, a released turn is still taken.
+        let lock2 = Arc::new(tokio::sync::Mutex::new(()));
+        let held2 = lock2.clone().lock_owned().await;
+        let waiter = tokio::spawn(wait_activation_turn(lock2, WAIT));
+        tokio::time::sleep(WAIT / 3).await;
+        drop(held2);
+        assert!(waiter.await.unwrap().is_some());
+    }
+
+    /// P-48: replaced while queued → superseded (4408); same or still-absent session → proceed.
+    #[test]
+    fn superseded_when_session_changed() {
+        assert!(!superseded(None, None));
+        assert!(!superseded(Some(7), Some(7)));
+        assert!(superseded(Some(8), Some(7)), "replaced while queued");
+        assert!(superseded(Some(8), None), "a session appeared while queued");
+        assert!(superseded(None, Some(7)), "the seen session went away");
+        assert_eq!(
+            (close::PEER_DROPPED, reason::CONTROL_ACTIVATION_SUPERSEDED),
+            (4408, "control activation superseded")
+        );
+        assert_eq!(
+            (
+                close::LIMIT_EXCEEDED,
+                reason::CONTROL_ACTIVATION_QUEUE_STALLED
+            ),
+            (4429, "control activation queue stalled")
+        );
+    }
+
+    /// P-48: `wrong_assignment` (and any other refusal) closes 4409.
+    #[test]
+    fn activation_refusal_closes_4409() {
+        assert_eq!(
+            activation_refusal(store::ActivityError::WrongAssignment),
+            (4409, "assignment changed during host proof")
+        );
     }
 }
