@@ -158,3 +158,72 @@ async fn activate_control_wrong_assignment_leaves_no_activity() {
         assert_eq!(row.counters, [0; 6], "nothing charged");
     }
 }
+
+/// §1.1 control gate 4: while `databasePoolMax` store callers wait and the oldest has waited
+/// ≥ 1 s, a new control upgrade is shed with a raw 503 `Retry-After: 2`; a rebind over a live
+/// control is exempt; once the store frees, new controls are admitted again.
+#[tokio::test]
+async fn store_pressure_sheds_new_controls() {
+    for db in dbs().await {
+        let s = start_on(
+            &db.url,
+            &[
+                "--database-pool-max",
+                "3",
+                "--public-assignment-concurrency",
+                "1",
+                "--public-sticky-concurrency",
+                "1",
+            ],
+        )
+        .await;
+        let a = s.running.addr;
+        let live = Host::assigned(&s, "shed-live").await;
+        let _control = live.connect(&s).await;
+        let fresh = Host::assigned(&s, "shed-new").await;
+
+        // 6 callers each take a transaction and hold it until released: the pool (Postgres: 3
+        // connections; SQLite: the one writer slot) is exhausted and ≥ 3 callers queue behind it.
+        let store = s.running.ctx.db.clone();
+        let release = tokio_util::sync::CancellationToken::new();
+        let holders: Vec<_> = (0..6)
+            .map(|_| {
+                let (store, release) = (store.clone(), release.clone());
+                tokio::spawn(async move {
+                    let tx = store.begin().await.expect("begin");
+                    release.cancelled().await;
+                    tx.rollback().await;
+                })
+            })
+            .collect();
+        assert!(
+            eventually(SEC * 5, || {
+                let p = store.pressure();
+                p.waiting >= 3 && p.oldest_wait_ms >= 1_100
+            })
+            .await,
+            "callers wait ≥ 1 s: {:?}",
+            store.pressure()
+        );
+
+        let bearer = |h: &Host| format!("Authorization: Bearer {}\r\n", h.token);
+        let r = raw_upgrade(a, "/v1/host/control", &bearer(&fresh)).await;
+        assert_eq!(status(&r), "HTTP/1.1 503 Service Unavailable", "{r}");
+        assert!(has_header(&r, "retry-after: 2"), "{r}");
+        let r = raw_upgrade(a, "/v1/host/control", &bearer(&live)).await;
+        assert_eq!(
+            status(&r),
+            "HTTP/1.1 101 Switching Protocols",
+            "rebind over a live control is exempt: {r}"
+        );
+
+        release.cancel();
+        for h in holders {
+            h.await.unwrap();
+        }
+        assert!(eventually(SEC * 5, || store.pressure().waiting == 0).await);
+        let r = raw_upgrade(a, "/v1/host/control", &bearer(&fresh)).await;
+        assert_eq!(status(&r), "HTTP/1.1 101 Switching Protocols", "{r}");
+        s.running.shutdown().await;
+    }
+}
