@@ -2,6 +2,9 @@
 //! transaction, on SQLite and (when configured) Postgres, checking the invariants of §1.5 after
 //! every step.
 
+mod director_common;
+
+use director_common::check_invariants;
 use orca_relay::director::liveness::Admission;
 use orca_relay::store::assignments::*;
 use orca_relay::store::cells::{self, Beat, CellSpec};
@@ -63,70 +66,6 @@ async fn beat(db: &Db, id: &str, capped: bool, watermark: i64) {
     .unwrap();
 }
 
-/// §1.5 invariants 1, 2, 3, 5, 6.
-pub async fn check_invariants(db: &Db) {
-    let bad = db
-        .query(
-            "SELECT c.cell_id FROM relay_cells c WHERE c.reserved_requests <> \
-             (SELECT CAST(COALESCE(SUM(l.request_units), 0) AS BIGINT) FROM relay_assignment_activity_leases l WHERE l.cell_id = c.cell_id)",
-            &[],
-        )
-        .await
-        .unwrap();
-    assert!(
-        bad.is_empty(),
-        "invariant 1 broken on {:?}",
-        bad.iter().map(|r| r.str(0)).collect::<Vec<_>>()
-    );
-    for (col, kind) in [
-        ("reserved_controls", "control"),
-        ("reserved_splices", "splice"),
-        ("reserved_invites", "invite"),
-        ("pending_installs", "install"),
-        ("pending_confirmations", "confirmation"),
-        ("migration_leases", "migration"),
-    ] {
-        let bad = db
-            .query(
-                &format!(
-                    "SELECT a.user_id FROM relay_assignments a WHERE a.{col} <> (SELECT COUNT(*) FROM \
-                     relay_assignment_activity_leases l WHERE l.user_id = a.user_id AND l.relay_host_id = a.relay_host_id \
-                     AND l.activity_kind = '{kind}')"
-                ),
-                &[],
-            )
-            .await
-            .unwrap();
-        assert!(bad.is_empty(), "invariant 2 broken for {col}");
-    }
-    let bad = db
-        .query(
-            "SELECT m.user_id FROM relay_assignment_migrations m JOIN relay_assignments a ON a.user_id = m.user_id \
-             AND a.relay_host_id = m.relay_host_id WHERE m.completed_at IS NULL AND m.aborted_at IS NULL \
-             AND (m.assignment_epoch <> a.assignment_epoch OR m.target_cell_id <> a.cell_id)",
-            &[],
-        )
-        .await
-        .unwrap();
-    assert!(bad.is_empty(), "invariant 3 broken");
-    let bad = db
-        .query(
-            "SELECT cell_id FROM relay_cells WHERE roll_isolated_at IS NOT NULL AND admission_state <> 'migration-only'",
-            &[],
-        )
-        .await
-        .unwrap();
-    assert!(bad.is_empty(), "invariant 5 broken");
-    let bad = db
-        .query(
-            "SELECT user_id FROM relay_connection_reservations WHERE state = 'reserved' \
-             GROUP BY user_id, relay_host_id, assignment_epoch, cell_id HAVING COUNT(*) > 1",
-            &[],
-        )
-        .await
-        .unwrap();
-    assert!(bad.is_empty(), "invariant 6 broken");
-}
 
 async fn reserved(db: &Db, id: &str) -> i64 {
     db.query(
