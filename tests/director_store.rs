@@ -66,7 +66,6 @@ async fn beat(db: &Db, id: &str, capped: bool, watermark: i64) {
     .unwrap();
 }
 
-
 async fn reserved(db: &Db, id: &str) -> i64 {
     db.query(
         "SELECT reserved_requests FROM relay_cells WHERE cell_id = $1",
