@@ -3,8 +3,8 @@
 //! Labels are bounded sets (leg, code, reason, outcome, route, cell id, store op), never host ids.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// The push gateway's counters, in the order of push.md §12.
@@ -167,10 +167,6 @@ impl Metrics {
     /// Times a store operation under `op`.
     pub fn db_timer(&self, op: &str) -> prometheus::HistogramTimer {
         self.db_seconds.with_label_values(&[op]).start_timer()
-    }
-
-    pub fn histogram(&self, route: &str) -> Histogram {
-        self.assignment_seconds.with_label_values(&[route])
     }
 
     /// The Prometheus text exposition.
