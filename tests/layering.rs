@@ -1,0 +1,213 @@
+//! Architecture invariants of `ARCHITECTURE.md`, enforced by reading the source tree.
+//!
+//! Each rule names the files it forbids something in. A rule may carry a list of known exceptions while a
+//! redesign is under way; the test also fails when an exception is no longer needed, so the lists only shrink.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = fs::read_dir(dir) else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Source text with `//` comments removed, so prose that names a module does not count as a dependency.
+fn code_of(path: &Path) -> String {
+    let text = fs::read_to_string(path).unwrap();
+    text.lines()
+        .map(|line| match line.find("//") {
+            Some(i) if !line[..i].contains('"') => &line[..i],
+            _ => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `crate::<name>` used as a path (followed by `::`, `;`, `,`, `}` or whitespace), also inside `use crate::{…}`.
+fn names_module(code: &str, module: &str) -> bool {
+    let direct = format!("crate::{module}");
+    let mut rest = code;
+    while let Some(i) = rest.find(&direct) {
+        let after = &rest[i + direct.len()..];
+        if !after.starts_with(|c: char| c.is_alphanumeric() || c == '_') {
+            return true;
+        }
+        rest = after;
+    }
+    // `use crate::{a, b::c}` groups.
+    let mut rest = code;
+    while let Some(i) = rest.find("crate::{") {
+        let group = &rest[i + "crate::{".len()..];
+        let end = group.find(';').unwrap_or(group.len());
+        let group = &group[..end];
+        let hit = group
+            .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+            .any(|tok| tok == module || tok.starts_with(&format!("{module}::")));
+        if hit {
+            return true;
+        }
+        rest = &rest[i + 1..];
+    }
+    false
+}
+
+/// A string literal that starts an SQL statement.
+fn holds_sql(code: &str) -> bool {
+    const VERBS: [&str; 5] = ["SELECT", "UPDATE", "INSERT", "DELETE", "WITH"];
+    let bytes = code.as_bytes();
+    for (i, _) in code.match_indices('"') {
+        let after = code[i + 1..].trim_start_matches([' ', '\n', '\t']);
+        for verb in VERBS {
+            if let Some(tail) = after.strip_prefix(verb) {
+                if tail.starts_with([' ', '\n', '\t', '\\']) && (i == 0 || bytes[i - 1] != b'\\') {
+                    return true;
+                }
+            }
+        }
+    }
+    false
+}
+
+fn rel(path: &Path) -> String {
+    path.strip_prefix(env!("CARGO_MANIFEST_DIR"))
+        .unwrap()
+        .to_string_lossy()
+        .replace('\\', "/")
+}
+
+/// Checks one rule over the files below `dirs`, allowing exactly the listed exceptions.
+fn rule(name: &str, dirs: &[&str], exceptions: &[&str], offends: impl Fn(&str, &str) -> bool) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut offenders = Vec::new();
+    for dir in dirs {
+        for file in rust_files(&root.join(dir)) {
+            let r = rel(&file);
+            if offends(&r, &code_of(&file)) {
+                offenders.push(r);
+            }
+        }
+    }
+    let unexpected: Vec<_> = offenders
+        .iter()
+        .filter(|f| !exceptions.contains(&f.as_str()))
+        .collect();
+    let stale: Vec<_> = exceptions
+        .iter()
+        .filter(|e| !offenders.iter().any(|o| o == *e))
+        .collect();
+    assert!(unexpected.is_empty(), "{name}: {unexpected:?}");
+    assert!(
+        stale.is_empty(),
+        "{name}: exceptions no longer needed, delete them from the list: {stale:?}"
+    );
+}
+
+#[test]
+fn store_knows_no_roles_and_no_logging() {
+    rule(
+        "src/store names a role or logging",
+        &["src/store"],
+        &[
+            "src/store/placement.rs",
+            "src/store/migrations.rs",
+            "src/store/cells.rs",
+        ],
+        |_, code| {
+            ["director", "cell", "push", "logging"]
+                .iter()
+                .any(|m| names_module(code, m))
+        },
+    );
+}
+
+#[test]
+fn roles_hold_no_sql() {
+    rule(
+        "SQL outside src/store",
+        &["src/director", "src/cell", "src/push"],
+        &[
+            "src/director/sweeps.rs",
+            "src/director/routes.rs",
+            "src/director/admin.rs",
+            "src/push/store.rs",
+        ],
+        |_, code| holds_sql(code),
+    );
+}
+
+#[test]
+fn director_does_not_name_cell() {
+    rule(
+        "src/director names crate::cell",
+        &["src/director"],
+        &["src/director/connect_redirect.rs"],
+        |_, code| names_module(code, "cell"),
+    );
+}
+
+#[test]
+fn cell_does_not_name_director() {
+    rule(
+        "src/cell names crate::director",
+        &["src/cell"],
+        &["src/cell/heartbeat.rs", "src/cell/mod.rs"],
+        |_, code| names_module(code, "director"),
+    );
+}
+
+#[test]
+fn model_depends_on_contract_only() {
+    const OURS: [&str; 13] = [
+        "app",
+        "cell",
+        "cli",
+        "clock",
+        "config",
+        "crypto",
+        "director",
+        "http",
+        "logging",
+        "metrics",
+        "push",
+        "readiness",
+        "server",
+    ];
+    rule(
+        "src/model names more than contract",
+        &["src/model"],
+        &[],
+        |_, code| {
+            OURS.iter()
+                .chain(["store", "leg"].iter())
+                .any(|m| names_module(code, m))
+        },
+    );
+}
+
+#[test]
+fn the_checks_see_what_they_look_for() {
+    assert!(names_module("use crate::director::Director;", "director"));
+    assert!(names_module(
+        "use crate::{contract, director::x};",
+        "director"
+    ));
+    assert!(!names_module("use crate::directory;", "director"));
+    assert!(holds_sql("let q = \"SELECT a FROM b\";"));
+    assert!(
+        holds_sql("let q = \"\\\n  UPDATE t SET a = 1\";")
+            || holds_sql("let q = \"UPDATE t SET a = 1\";")
+    );
+    assert!(!holds_sql("let s = \"selected\";"));
+}
