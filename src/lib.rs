@@ -19,6 +19,7 @@ pub mod director;
 pub mod http;
 pub mod logging;
 pub mod metrics;
+pub mod model;
 pub mod push;
 pub mod readiness;
 pub mod server;

@@ -14,6 +14,7 @@ use http::StatusCode;
 use hyper::body::Incoming;
 use serde_json::json;
 
+use super::assign::{self as placement, AssignOptions};
 use super::Director;
 use crate::cell::admission::PreAuth;
 use crate::cell::frames::{self, Split};
@@ -25,7 +26,6 @@ use crate::crypto::ident::is_relay_host_id;
 use crate::http::Response;
 use crate::store::assignments::HostKey;
 use crate::store::credentials::{self, Resolved};
-use crate::store::placement::{self, AssignOptions};
 
 /// Pre-auth admission of the director's phone sockets (gate 4), per process.
 #[derive(Default)]
