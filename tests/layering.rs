@@ -152,7 +152,7 @@ fn director_does_not_name_cell() {
     rule(
         "src/director names crate::cell",
         &["src/director"],
-        &["src/director/connect_redirect.rs"],
+        &[],
         |_, code| names_module(code, "cell"),
     );
 }
