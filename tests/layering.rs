@@ -162,7 +162,7 @@ fn cell_does_not_name_director() {
     rule(
         "src/cell names crate::director",
         &["src/cell"],
-        &["src/cell/heartbeat.rs", "src/cell/mod.rs"],
+        &[],
         |_, code| names_module(code, "director"),
     );
 }

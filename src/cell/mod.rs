@@ -14,6 +14,7 @@ pub mod control;
 pub mod drain;
 pub mod frames;
 pub mod heartbeat;
+pub mod heartbeat_client;
 pub mod ledger;
 pub mod legs;
 pub mod phone;
@@ -31,8 +32,8 @@ use warp::filters::BoxedFilter;
 use warp::Filter;
 
 use crate::app::Ctx;
+use crate::contract::heartbeat::HeartbeatSink;
 use crate::crypto::{HostTokenVerifier, JwksSource};
-use crate::director::Director;
 use crate::http::Response;
 use crate::leg::admission::PreAuthGate;
 use crate::leg::Leg;
@@ -44,7 +45,6 @@ use session::{Registry, SignedOut};
 /// The cell of this process.
 pub struct Cell {
     pub ctx: Ctx,
-    pub director: Option<Arc<Director>>,
     pub verifier: HostTokenVerifier,
     pub preauth: PreAuthGate,
     /// Capped cells only.
@@ -73,7 +73,11 @@ pub struct Counts {
 }
 
 impl Cell {
-    pub async fn start(ctx: Ctx, director: Option<Arc<Director>>) -> Result<Arc<Cell>, String> {
+    /// Starts the cell; with a `heartbeat` sink its first beat is delivered before this returns.
+    pub async fn start(
+        ctx: Ctx,
+        heartbeat: Option<Arc<dyn HeartbeatSink>>,
+    ) -> Result<Arc<Cell>, String> {
         let signing = ctx
             .config
             .secrets
@@ -105,9 +109,19 @@ impl Cell {
             counts: Counts::default(),
             background: tokio_util::task::TaskTracker::new(),
             ctx,
-            director,
         });
-        heartbeat::start(&cell).await;
+        if let Some(sink) = heartbeat {
+            let c = cell.clone();
+            let body = move || {
+                let c = c.clone();
+                async move {
+                    let ready = c.ctx.readiness.check().await.is_ready();
+                    c.heartbeat_body(ready)
+                }
+            };
+            let stop = cell.ctx.shutdown.clone();
+            heartbeat::start(stop, cell.ctx.metrics.clone(), sink, body).await;
+        }
         Ok(cell)
     }
 
