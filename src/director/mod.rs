@@ -8,7 +8,6 @@ pub mod admin;
 pub mod assign;
 pub mod connect_redirect;
 pub mod heartbeat;
-pub mod heartbeat_client;
 pub mod host_token;
 pub mod lanes;
 pub mod liveness;
