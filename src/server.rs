@@ -128,6 +128,9 @@ pub async fn start(mut config: Config) -> Result<Running, String> {
     } else {
         None
     };
+    if let (Some(d), Some(p)) = (&director, &push) {
+        d.attach_push_overview(p.clone());
+    }
 
     if let Some(path) = &ctx.config.secrets_file {
         log::info!("[orca-relay] secrets file: {}", path.display());

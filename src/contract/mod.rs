@@ -7,5 +7,6 @@ pub mod close;
 pub mod errors;
 pub mod heartbeat;
 pub mod limits;
+pub mod overview;
 pub mod validate;
 pub mod wire;

@@ -627,12 +627,10 @@ impl Director {
             "migrations": {"open": open},
             "regionalRehome": {"enabled": enabled, "committed": committed, "deferred": 0, "aborted": aborted},
         });
-        // `push` only when that role runs in this process (operations.md §3).
-        if self.ctx.config.roles.push {
-            out["push"] = json!({
-                "queueDepth": crate::push::store::queue_depth(db, now).await?,
-                "deadRegistrations": crate::push::store::dead_registrations(db).await?,
-            });
+        // `push` only when that role runs in this process (operations.md §3): `server.rs` attaches
+        // it then.
+        if let Some(push) = self.push_overview.get() {
+            out["push"] = push.push_section().await.map_err(DbError::Transient)?;
         }
         Ok(out)
     }

@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::store::{self, PruneTarget, RETENTION_MS};
+use super::RETENTION_MS;
 use crate::app::Ctx;
 use crate::clock::now_ms;
 use crate::logging;
+use crate::store::push::{self as store, PruneTarget};
 
 const BATCH: i64 = 2000;
 const MAX_BATCHES: usize = 50;

@@ -17,10 +17,11 @@ use super::apns::Apns;
 use super::fcm::Fcm;
 use super::model::Notification;
 use super::provider::{backoff_ms, Outcome};
-use super::store::{self, Claimed, Target};
+use super::LIMITS;
 use crate::app::Ctx;
 use crate::clock::now_ms;
 use crate::logging;
+use crate::store::push::{self as store, Claimed, Target};
 
 const TICK: Duration = Duration::from_millis(1000);
 const DRAINS: usize = 12;
@@ -94,7 +95,7 @@ impl Worker {
             }
             let claimed = {
                 let _slot = self.db_slots.acquire().await;
-                store::claim(&self.ctx.db, now_ms()).await
+                store::claim(&self.ctx.db, &LIMITS, now_ms()).await
             };
             match claimed {
                 Ok(Some(c)) => self.deliver(c).await,
@@ -185,7 +186,7 @@ impl Worker {
             tokio::select! {
                 out = &mut call => return out,
                 _ = renew.tick() => {
-                    if let Err(e) = store::renew(&self.ctx.db, c, now_ms()).await {
+                    if let Err(e) = store::renew(&self.ctx.db, c, &LIMITS, now_ms()).await {
                         logging::event_warn("orca_push_worker_failed", json!({"error": db_class(&e), "target": "renew"}));
                     }
                 }
