@@ -200,6 +200,34 @@ fn director_and_push_meet_only_through_traits() {
     );
 }
 
+/// One mutex-poisoning policy (`src/sync.rs`): std mutexes are locked through `sync::lock`.
+fn unwraps_a_lock(code: &str) -> bool {
+    let flat: String = code.chars().filter(|c| !c.is_whitespace()).collect();
+    flat.contains(".lock().unwrap()")
+        || flat.contains(".lock().expect(")
+        || flat.contains(".lock().unwrap_or_else(")
+}
+
+#[test]
+fn one_mutex_poisoning_policy() {
+    rule(
+        "std mutex locked outside crate::sync::lock",
+        &["src"],
+        &["src/sync.rs", "src/store/waits.rs"],
+        |_, code| unwraps_a_lock(code),
+    );
+}
+
+/// `#![forbid(unsafe_code)]` in the library and the binary.
+#[test]
+fn no_unsafe_code() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for entry in ["src/lib.rs", "src/main.rs"] {
+        let text = fs::read_to_string(root.join(entry)).unwrap();
+        assert!(text.contains("#![forbid(unsafe_code)]"), "{entry}");
+    }
+}
+
 /// The director's pure rule modules: plain functions over model types, no store, no I/O.
 const PURE_RULES: [&str; 2] = ["src/director/liveness.rs", "src/director/placement.rs"];
 
@@ -237,6 +265,8 @@ fn pure_rules_name_only_model_and_contract() {
 
 #[test]
 fn the_checks_see_what_they_look_for() {
+    assert!(unwraps_a_lock("let g = m.lock()\n    .unwrap();"));
+    assert!(!unwraps_a_lock("let g = m.lock().await;"));
     assert!(names_module("use crate::director::Director;", "director"));
     assert!(names_module(
         "use crate::{contract, director::x};",

@@ -94,7 +94,7 @@ impl Director {
         });
         director.register_configured_cells().await?;
         let handle = sweeps::spawn(director.clone(), director.stop.clone());
-        *director.sweeps.lock().unwrap() = Some(handle);
+        *crate::sync::lock(&director.sweeps) = Some(handle);
         Ok(director)
     }
 
@@ -208,7 +208,7 @@ impl Director {
     /// Stops background loops (sweeps, workers) at shutdown.
     pub async fn shutdown(&self) {
         self.stop.cancel();
-        let handle = self.sweeps.lock().unwrap().take();
+        let handle = crate::sync::lock(&self.sweeps).take();
         if let Some(h) = handle {
             let _ = h.await;
         }
