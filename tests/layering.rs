@@ -213,7 +213,7 @@ fn one_mutex_poisoning_policy() {
     rule(
         "std mutex locked outside crate::sync::lock",
         &["src"],
-        &["src/sync.rs", "src/store/waits.rs"],
+        &["src/sync.rs"],
         |_, code| unwraps_a_lock(code),
     );
 }
