@@ -759,7 +759,7 @@ mod tests {
             let now = 1_700_000_000_000;
             let h = host();
             let a = create_invite(db, &h, "d1", "r1", now).await.unwrap();
-            assert_eq!(a.expires_at, now + 570_000);
+            assert_eq!(a.expires_at, now + limits::INVITE_TTL_MS);
             let hash = match resolve(db, &h.relay_host_id, &a.token, now).await.unwrap() {
                 Some(Resolved::Invite {
                     hash,
@@ -813,7 +813,7 @@ mod tests {
                 .is_some());
             // Expiry.
             assert_eq!(
-                resolve(db, &h.relay_host_id, &c.token, now + 570_000)
+                resolve(db, &h.relay_host_id, &c.token, now + limits::INVITE_TTL_MS)
                     .await
                     .unwrap(),
                 None
