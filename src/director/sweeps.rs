@@ -15,7 +15,7 @@ use crate::store::DbError;
 
 /// Starts the loop; it stops when `stop` (or the process shutdown) is cancelled.
 pub fn spawn(d: Arc<Director>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
+    d.ctx.clone().spawn("director-sweeps", async move {
         loop {
             let jitter = 0.8 + rand::random::<f64>() * 0.4;
             let wait = Duration::from_millis((30_000.0 * jitter) as u64);
