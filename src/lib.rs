@@ -22,6 +22,7 @@ pub mod http;
 pub mod leg;
 pub mod logging;
 pub mod metrics;
+pub mod model;
 pub mod push;
 pub mod readiness;
 pub mod server;
