@@ -152,14 +152,17 @@ pub async fn start(mut config: Config) -> Result<Running, String> {
         spawn_metrics_listener(ctx.clone(), maddr).await?;
     }
     let http = TaskTracker::new();
-    let accept = tokio::spawn(accept_loop(
-        listener,
-        ctx.clone(),
-        filter,
-        director.clone(),
-        cell.clone(),
-        http.clone(),
-    ));
+    let accept = ctx.spawn(
+        "accept",
+        accept_loop(
+            listener,
+            ctx.clone(),
+            filter,
+            director.clone(),
+            cell.clone(),
+            http.clone(),
+        ),
+    );
     Ok(Running {
         addr,
         ctx,
@@ -210,6 +213,9 @@ impl Running {
         self.http.close();
         let _ = tokio::time::timeout(Duration::from_secs(8), self.http.wait()).await;
         self.accept.abort();
+        // Background tasks end with the shutdown token; activity releases must reach the store
+        // before the database closes.
+        self.ctx.wait_tasks(TASKS_WAIT).await;
         self.ctx.db.close();
         if push_ok {
             0
@@ -218,6 +224,9 @@ impl Running {
         }
     }
 }
+
+/// How long shutdown waits for the process's background tasks before closing the database.
+const TASKS_WAIT: Duration = Duration::from_secs(3);
 
 /// `orca-relay serve`: start, wait for SIGTERM/SIGINT, shut down within 10 s.
 pub async fn run(config: Config) -> i32 {
@@ -542,10 +551,14 @@ async fn spawn_metrics_listener(ctx: Ctx, addr: SocketAddr) -> Result<(), String
         .and(warp::get())
         .map(move || metrics_response(&c.metrics))
         .boxed();
-    tokio::spawn(async move {
+    let stop = ctx.child_token();
+    ctx.spawn("metrics-listener", async move {
         let svc = warp::service(filter);
         loop {
-            let (stream, _) = accept_with_backoff(|| listener.accept(), "metrics listener").await;
+            let (stream, _) = tokio::select! {
+                _ = stop.cancelled() => return,
+                c = accept_with_backoff(|| listener.accept(), "metrics listener") => c,
+            };
             let svc = svc.clone();
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {

@@ -87,7 +87,7 @@ impl Director {
             rejects: RejectLog::new(),
             regions_cache: tokio::sync::Mutex::new(None),
             redirect_admission: Default::default(),
-            stop: CancellationToken::new(),
+            stop: ctx.child_token(),
             sweeps: Mutex::new(None),
             push_overview: std::sync::OnceLock::new(),
             ctx,

@@ -27,7 +27,7 @@ const SWEEP_EVERY_MS: f64 = 30_000.0;
 
 /// Starts the loop; it stops when `stop` (or the process shutdown) is cancelled.
 pub fn spawn(d: Arc<Director>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
+    d.ctx.clone().spawn("director-sweeps", async move {
         loop {
             let jitter = 0.8 + rand::random::<f64>() * 0.4;
             let wait = Duration::from_millis((SWEEP_EVERY_MS * jitter) as u64);

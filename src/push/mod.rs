@@ -95,7 +95,7 @@ impl Push {
             )?)),
             None => None,
         };
-        let stop = CancellationToken::new();
+        let stop = ctx.child_token();
         let counters = Arc::new(jobs::Counters::new());
         let worker = if validation {
             None

@@ -46,6 +46,7 @@ pub struct Worker {
 impl Worker {
     pub fn new(ctx: Ctx, apns: Option<Arc<Apns>>, fcm: Option<Arc<Fcm>>) -> Arc<Worker> {
         let slots = ctx.config.database_pool_max.saturating_sub(1).max(1);
+        let stop = ctx.child_token();
         Arc::new(Worker {
             ctx,
             apns,
@@ -53,7 +54,7 @@ impl Worker {
             wake: Notify::new(),
             drains: Arc::new(Semaphore::new(DRAINS)),
             db_slots: Arc::new(Semaphore::new(slots)),
-            stop: CancellationToken::new(),
+            stop,
             tasks: TaskTracker::new(),
         })
     }
@@ -66,7 +67,7 @@ impl Worker {
     /// The loop: tick or wake → fill the free drain slots.
     pub fn spawn(self: &Arc<Self>) {
         let w = self.clone();
-        tokio::spawn(async move {
+        self.ctx.spawn("push-worker", async move {
             loop {
                 tokio::select! {
                     _ = w.stop.cancelled() => break,
