@@ -131,10 +131,10 @@ where
     Body::Ok(buf.freeze())
 }
 
-/// Parses a strict JSON body (`deny_unknown_fields` types; duplicates are errors) or answers
-/// `400 invalid_request`.
+/// Parses a body with the strict decoder ([`crate::contract::strict`]: an object with exactly
+/// the documented keys, no `null`, no duplicates) or answers `400 invalid_request`.
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Response> {
-    serde_json::from_slice(bytes).map_err(|_| bad_request())
+    crate::contract::strict::from_slice(bytes).map_err(|_| bad_request())
 }
 
 /// The bearer of a relay route: `Authorization` matching `^Bearer ([^\s]+)$`, else `None`.

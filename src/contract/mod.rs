@@ -6,5 +6,6 @@
 pub mod close;
 pub mod errors;
 pub mod limits;
+pub mod strict;
 pub mod validate;
 pub mod wire;
