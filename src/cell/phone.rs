@@ -208,6 +208,12 @@ async fn admit(
         abandoned(&key, "assignment", started);
         return Err(None);
     }
+    // Step 2, before anything is spent: a host that was already sent a drain refuses new phones
+    // without reserving the credential (it needs the session key, which step 3 yields).
+    let current = cell.registry().get(&key);
+    if current.is_some_and(|s| s.lock().drain_sent) {
+        return Err(Some((close::DRAINING, REJECTED)));
+    }
     // Step 4: reserve.
     let reserved_at = now_ms();
     let (kind, lease) = match &resolved {
@@ -225,7 +231,7 @@ async fn admit(
         abandoned(&key, "credential", started);
         return Err(None);
     }
-    // Steps 2, 5, 6.
+    // Steps 5, 6 (and step 2 again: a drain may have been sent while reserving).
     let session = cell.registry().get(&key);
     let (session, sock_id) = {
         let Some(session) = session else {
