@@ -881,6 +881,16 @@ fn spawn_command(cell: &Arc<Cell>, session: &Arc<Session>, sock_id: u64, cmd: Co
     });
 }
 
+/// The `control-error` code of a failed activity acquisition: its own code, except that a
+/// transient store fault is `control_operation_failed` (§4.1), not the director-side
+/// `database_error`.
+fn activity_code(e: &store::ActivityError) -> &'static str {
+    match e {
+        store::ActivityError::Db(_) => "control_operation_failed",
+        other => other.code(),
+    }
+}
+
 async fn run_command(cell: &Arc<Cell>, session: &Arc<Session>, cmd: Command) -> Value {
     let key = &session.key;
     let db = &cell.ctx.db;
@@ -907,7 +917,7 @@ async fn run_command(cell: &Arc<Cell>, session: &Arc<Session>, cmd: Command) -> 
             )
             .await
             {
-                return control_error(Some(&c.req_id), e.code());
+                return control_error(Some(&c.req_id), activity_code(&e));
             }
             match creds::create_invite(db, key, &c.relay_device_id, &c.req_id, now).await {
                 Ok(inv) => {
@@ -958,7 +968,7 @@ async fn run_command(cell: &Arc<Cell>, session: &Arc<Session>, cmd: Command) -> 
             )
             .await
             {
-                return control_error(Some(&c.req_id), e.code());
+                return control_error(Some(&c.req_id), activity_code(&e));
             }
             let req = creds::InstallRequest {
                 req_id: c.req_id.clone(),
