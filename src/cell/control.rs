@@ -131,6 +131,7 @@ async fn handshake(
             ))
         }
         First::Oversize => return Err(close_with(close::MESSAGE_TOO_BIG, "message too big")),
+        First::Violation(code) => return Err(close_with(code, ws::violation_reason(code))),
         First::Gone => return Err(Fail::Gone),
     };
     let hello: frames::HostHello = match frames::split(&text) {
@@ -225,6 +226,7 @@ async fn handshake(
                 ))
             }
             First::Oversize => return Err(close_with(close::MESSAGE_TOO_BIG, "message too big")),
+            First::Violation(code) => return Err(close_with(code, ws::violation_reason(code))),
             First::Gone => return Err(Fail::Gone),
         };
     cell.ctx
@@ -238,6 +240,8 @@ async fn handshake(
             reason::INVALID_HOST_PROOF,
         ));
     }
+    // The host proved its key: the control leg's own message limit applies from here.
+    ws::authenticated(ws);
     // §3.5 activation, serialised per host, FIFO.
     let lock = cell.registry().activation_lock(key);
     let Some(_turn) = wait_activation_turn(

@@ -67,6 +67,9 @@ pub async fn upgrade(
         // A plain HTTP request to a leg path is an unknown route.
         return crate::http::error(StatusCode::NOT_FOUND, crate::contract::errors::NOT_FOUND);
     };
+    if !ws::valid_key(&key) {
+        return ws::refuse(StatusCode::BAD_REQUEST);
+    }
     if cell.ctx.shutting_down() {
         return ws::refuse(StatusCode::SERVICE_UNAVAILABLE);
     }

@@ -17,6 +17,7 @@ pub mod heartbeat;
 pub mod ledger;
 pub mod legs;
 pub mod phone;
+pub mod preauth_io;
 pub mod renew;
 pub mod session;
 pub mod splice;

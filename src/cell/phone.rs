@@ -139,6 +139,10 @@ pub async fn run_phone(
             held.release_unit();
             return ws::close(&mut ws, close::MESSAGE_TOO_BIG, "message too big").await;
         }
+        First::Violation(code) => {
+            held.release_unit();
+            return ws::close(&mut ws, code, ws::violation_reason(code)).await;
+        }
         First::Gone => return held.release_unit(),
     };
     let auth: Option<frames::RelayAuth> = match frames::split(&text) {
@@ -227,6 +231,8 @@ async fn admit(
         },
         Resolved::Resume { .. } => ("resume", reserved_at + limits::ATTACH_DEADLINE_MS as i64),
     };
+    // The credential is reserved (authenticated): the phone leg's own message limit applies.
+    ws::authenticated(ws);
     if phone_gone(ws, &mut stash) {
         abandoned(&key, "credential", started);
         return Err(None);
@@ -721,6 +727,7 @@ pub async fn run_data(
             reason::FIRST_FRAME_TIMEOUT,
         )),
         First::Oversize => Err(fail(close::MESSAGE_TOO_BIG, "message too big")),
+        First::Violation(code) => Err(fail(code, ws::violation_reason(code))),
         First::Gone => {
             restore(&cell);
             return;
@@ -784,6 +791,8 @@ pub async fn run_data(
         return ws::close(&mut ws, bad_ticket.0, bad_ticket.1).await;
     };
     cell.registry().pending_owner.remove(&conn_id);
+    // The ticket authenticated the data leg: its own message limit applies from here.
+    ws::authenticated(&ws);
     if let Err(Attach::Data(leg)) = pending
         .tx
         .send(Attach::Data(Box::new(DataLeg { ws, guard })))

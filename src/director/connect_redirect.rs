@@ -58,6 +58,9 @@ pub async fn handle(
     let Some(key) = ws::ws_key(&req) else {
         return crate::http::error(StatusCode::NOT_FOUND, crate::contract::errors::NOT_FOUND);
     };
+    if !ws::valid_key(&key) {
+        return ws::refuse(StatusCode::BAD_REQUEST);
+    }
     if d.ctx.shutting_down() {
         return ws::refuse(StatusCode::SERVICE_UNAVAILABLE);
     }
@@ -113,6 +116,9 @@ pub async fn handle(
                 .await
             }
             First::Oversize => return ws::close(&mut socket, close::MESSAGE_TOO_BIG, "").await,
+            First::Violation(code) => {
+                return ws::close(&mut socket, code, ws::violation_reason(code)).await
+            }
             First::Gone => return,
         };
         let answer = match parse(&text) {
