@@ -94,7 +94,8 @@ pub enum Body {
 }
 
 /// Reads the body, counting bytes actually read (chunked included) and refusing a larger declared
-/// `Content-Length` unread. Never rejects.
+/// `Content-Length` unread; a body not complete within `BODY_READ_MS` counts as broken off (the
+/// unread rest makes hyper close the connection after the answer). Never rejects.
 pub fn body(limit: usize) -> impl Filter<Extract = (Body,), Error = warp::Rejection> + Clone {
     warp::header::optional::<u64>("content-length")
         .and(warp::body::stream())
@@ -102,7 +103,10 @@ pub fn body(limit: usize) -> impl Filter<Extract = (Body,), Error = warp::Reject
             if len.is_some_and(|n| n > limit as u64) {
                 return Body::TooLarge;
             }
-            read_limited(stream, limit).await
+            let deadline = std::time::Duration::from_millis(crate::contract::limits::BODY_READ_MS);
+            tokio::time::timeout(deadline, read_limited(stream, limit))
+                .await
+                .unwrap_or(Body::Broken)
         })
 }
 
