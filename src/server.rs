@@ -303,14 +303,23 @@ async fn accept_loop(
     http: TaskTracker,
 ) {
     let svc = warp::service(filter);
+    let slots = Arc::new(tokio::sync::Semaphore::new(
+        crate::contract::limits::HTTP_CONNECTIONS_MAX,
+    ));
     loop {
         let (stream, peer) = accept_with_backoff(|| listener.accept(), "listener").await;
+        // Bounded HTTP connections: over the bound the socket is closed at once (its fd freed).
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let ctx = ctx.clone();
         let svc = svc.clone();
         let director = director.clone();
         let cell = cell.clone();
         http.spawn(async move {
+            let _slot = slot;
             let shutdown = ctx.shutdown.clone();
             let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
                 req.extensions_mut().insert(PeerAddr(peer));

@@ -131,6 +131,7 @@ async fn handshake(
             ))
         }
         First::Oversize => return Err(close_with(close::MESSAGE_TOO_BIG, "message too big")),
+        First::Violation(code) => return Err(close_with(code, ws::violation_reason(code))),
         First::Gone => return Err(Fail::Gone),
     };
     let hello: frames::HostHello = match frames::split(&text) {
@@ -225,6 +226,7 @@ async fn handshake(
                 ))
             }
             First::Oversize => return Err(close_with(close::MESSAGE_TOO_BIG, "message too big")),
+            First::Violation(code) => return Err(close_with(code, ws::violation_reason(code))),
             First::Gone => return Err(Fail::Gone),
         };
     cell.ctx
@@ -238,6 +240,8 @@ async fn handshake(
             reason::INVALID_HOST_PROOF,
         ));
     }
+    // The host proved its key: the control leg's own message limit applies from here.
+    ws::authenticated(ws);
     // §3.5 activation, serialised per host, FIFO.
     let lock = cell.registry().activation_lock(key);
     let Some(_turn) = wait_activation_turn(
@@ -965,6 +969,16 @@ fn start_command(
     );
 }
 
+/// The `control-error` code of a failed activity acquisition: its own code, except that a
+/// transient store fault is `control_operation_failed` (§4.1), not the director-side
+/// `database_error`.
+fn activity_code(e: &store::ActivityError) -> &'static str {
+    match e {
+        store::ActivityError::Db(_) => "control_operation_failed",
+        other => other.code(),
+    }
+}
+
 async fn run_command(cell: &Arc<Cell>, session: &Arc<Session>, cmd: Command) -> Value {
     let key = &session.key;
     let db = &cell.ctx.db;
@@ -991,7 +1005,7 @@ async fn run_command(cell: &Arc<Cell>, session: &Arc<Session>, cmd: Command) -> 
             )
             .await
             {
-                return control_error(Some(&c.req_id), e.code());
+                return control_error(Some(&c.req_id), activity_code(&e));
             }
             match creds::create_invite(db, key, &c.relay_device_id, &c.req_id, now).await {
                 Ok(inv) => {
@@ -1042,7 +1056,7 @@ async fn run_command(cell: &Arc<Cell>, session: &Arc<Session>, cmd: Command) -> 
             )
             .await
             {
-                return control_error(Some(&c.req_id), e.code());
+                return control_error(Some(&c.req_id), activity_code(&e));
             }
             let req = creds::InstallRequest {
                 req_id: c.req_id.clone(),

@@ -1,6 +1,14 @@
 //! Budgets and limits (protocol.md §10, push.md §13, operations.md). Milliseconds unless named.
 
 pub const RELAY_BODY_MAX: usize = 4096;
+/// A request body must arrive completely within this long after the handler starts reading it;
+/// a slower one is treated as broken off (`400 invalid_request`, connection closed).
+pub const BODY_READ_MS: u64 = 10_000;
+/// Plain HTTP connections (WebSocket handshakes up to the 101 included) served at once; above
+/// it a new TCP connection is closed at once. Upgraded legs are not counted here but by the
+/// cell's connection limits (`ORCA_RELAY_CELL_MAX_CONNECTIONS` or the hard cap), so the open-file
+/// limit should exceed that ceiling plus this bound plus the database pool.
+pub const HTTP_CONNECTIONS_MAX: usize = 1024;
 pub const PUSH_BODY_MAX: usize = 16384;
 pub const HOST_TOKEN_MAX_CHARS: usize = 8192;
 pub const SELF_HOSTED_TOKEN_TTL_S: i64 = 900;

@@ -8,5 +8,6 @@ pub mod errors;
 pub mod heartbeat;
 pub mod limits;
 pub mod overview;
+pub mod strict;
 pub mod validate;
 pub mod wire;

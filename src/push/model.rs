@@ -18,6 +18,11 @@ fn some<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T
     T::deserialize(d).map(Some)
 }
 
+/// `agentState`: a required key whose value is a string or `null` (the spec's one nullable field).
+fn agent_state<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+    crate::contract::strict::nullable(d).map(Some)
+}
+
 fn chars(s: &str) -> usize {
     s.chars().count()
 }
@@ -127,7 +132,7 @@ pub struct NotificationIn {
     notification_epoch: String,
     source: String,
     /// Required key, nullable value.
-    #[serde(rename = "agentState", deserialize_with = "some")]
+    #[serde(rename = "agentState", deserialize_with = "agent_state")]
     agent_state: Option<Option<String>>,
     title: String,
     body: String,
@@ -389,7 +394,7 @@ mod tests {
     }
 
     fn parse(v: serde_json::Value) -> Option<Notification> {
-        serde_json::from_value::<NotificationIn>(v)
+        crate::contract::strict::from_value::<NotificationIn>(v)
             .ok()
             .and_then(NotificationIn::validate)
     }
@@ -455,7 +460,7 @@ mod tests {
     #[test]
     fn devices() {
         let d = |v: serde_json::Value| {
-            serde_json::from_value::<DeviceRequest>(v)
+            crate::contract::strict::from_value::<DeviceRequest>(v)
                 .ok()
                 .and_then(DeviceRequest::validate)
         };

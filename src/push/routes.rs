@@ -144,20 +144,27 @@ impl Req {
         let Some(mut stream) = self.stream.take() else {
             return Err(h::bad_request());
         };
-        let mut buf = BytesMut::new();
-        while let Some(chunk) = stream.next().await {
-            let mut chunk = chunk.map_err(|_| h::bad_request())?;
-            if buf.len() + chunk.remaining() > PUSH_BODY_MAX {
-                return Err(h::too_large());
+        let read = async {
+            let mut buf = BytesMut::new();
+            while let Some(chunk) = stream.next().await {
+                let mut chunk = chunk.map_err(|_| h::bad_request())?;
+                if buf.len() + chunk.remaining() > PUSH_BODY_MAX {
+                    return Err(h::too_large());
+                }
+                while chunk.has_remaining() {
+                    let part = chunk.chunk();
+                    let n = part.len();
+                    buf.extend_from_slice(part);
+                    chunk.advance(n);
+                }
             }
-            while chunk.has_remaining() {
-                let part = chunk.chunk();
-                let n = part.len();
-                buf.extend_from_slice(part);
-                chunk.advance(n);
-            }
-        }
-        Ok(buf.freeze())
+            Ok(buf.freeze())
+        };
+        // The same body deadline as every other route (limits::BODY_READ_MS).
+        let deadline = std::time::Duration::from_millis(crate::contract::limits::BODY_READ_MS);
+        tokio::time::timeout(deadline, read)
+            .await
+            .unwrap_or_else(|_| Err(h::bad_request()))
     }
 }
 
