@@ -56,13 +56,7 @@ impl<S> PreAuthIo<S> {
     /// After authentication: reads are no longer budgeted (the leg's message limit applies).
     pub fn lift(&self) {
         self.budget.lifted.store(true, Ordering::SeqCst);
-        if let Some(w) = self
-            .budget
-            .waker
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
+        if let Some(w) = crate::sync::lock(&self.budget.waker).take() {
             w.wake();
         }
     }
@@ -99,7 +93,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for PreAuthIo<S> {
         }
         let left = b.left.load(Ordering::SeqCst);
         if left == 0 {
-            *b.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+            *crate::sync::lock(&b.waker) = Some(cx.waker().clone());
             // Re-check: a lift between the load and storing the waker must not be missed.
             if b.lifted.load(Ordering::SeqCst) {
                 return Pin::new(&mut this.inner).poll_read(cx, buf);
@@ -110,13 +104,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for PreAuthIo<S> {
             return Poll::Pending;
         }
         let want = buf.remaining().min(left);
-        let mut limited = buf.take(want);
+        // Read through a window of at most `want` bytes of `buf`'s unfilled part (zeroed first:
+        // only before authentication, on a few KiB, so the cost does not matter).
+        let mut limited = ReadBuf::new(buf.initialize_unfilled_to(want));
         let r = Pin::new(&mut this.inner).poll_read(cx, &mut limited);
         let n = limited.filled().len();
         if let Poll::Ready(Ok(())) = r {
-            // SAFETY: the inner read initialised and filled exactly `n` bytes of `buf`'s
-            // unfilled part (through `take`), so they may be marked initialised and filled.
-            unsafe { buf.assume_init(n) };
             buf.advance(n);
             b.left.fetch_sub(n, Ordering::SeqCst);
         }
