@@ -23,3 +23,4 @@ pub mod push;
 pub mod readiness;
 pub mod server;
 pub mod store;
+pub mod tls;

@@ -1,6 +1,6 @@
 //! The cell's heartbeat client (protocol.md §12): every 15 s, single-flight, to the in-process
-//! director when the process runs both roles without `ORCA_RELAY_DIRECTOR_URL`, else over HTTP
-//! with a cluster token.
+//! director when the process runs both roles without `ORCA_RELAY_DIRECTOR_URL`, else over HTTP(S)
+//! with a cluster token (the shared cluster client: system roots + `ORCA_RELAY_TLS_EXTRA_CA`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,7 +31,7 @@ impl Target {
             (None, Some(d)) => Some(Target::Local(d)),
             (Some(url), _) => Some(Target::Remote {
                 url: url.clone(),
-                client: reqwest::Client::builder().timeout(TIMEOUT).build().ok()?,
+                client: crate::tls::client::cluster_client(&ctx.config.extra_ca, TIMEOUT).ok()?,
             }),
             (None, None) => None,
         }
