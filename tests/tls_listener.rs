@@ -115,9 +115,25 @@ async fn wss_pair_splice_and_clean_refusals() {
     let ca = TestCa::new("orca tls test ca");
     let (cert, key) = ca.issue(NAMES);
     let (cp, kp) = write_pair(&dir, &cert, &key);
-    let relay = Relay::spawn(&dir, &envs(&cp, &kp));
+    let mport = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut env = envs(&cp, &kp);
+    env.push(("ORCA_RELAY_METRICS_LISTEN", format!("127.0.0.1:{mport}")));
+    env.push(("ORCA_RELAY_METRICS_TLS", "1".into()));
+    let relay = Relay::spawn(&dir, &env);
     let public = format!("https://{}", relay.addr);
     testkit::trust_extra_ca(ca.pem.as_bytes());
+
+    // The separate metrics listener serves TLS too when asked.
+    let m = testkit::http_client()
+        .get(format!("https://127.0.0.1:{mport}/metrics"))
+        .send()
+        .await
+        .expect("metrics over https");
+    assert_eq!(m.status(), 200);
 
     let health: serde_json::Value = testkit::http_client()
         .get(format!("{public}/health"))
@@ -217,16 +233,17 @@ async fn cert_files_reload_without_closing_splices() {
 
     // A bad replacement: a certificate with someone else's key. Refused, logged, B keeps serving.
     let (cert_c, _) = ca.issue(NAMES);
+    let before = relay.count("tls reload refused");
     write_pair(&dir, &cert_c, &key_b);
     assert!(
-        relay.wait_log("tls reload refused", Duration::from_secs(10)),
+        relay.wait_more("tls reload refused", before, Duration::from_secs(10)),
         "the refusal is logged: {:?}",
         relay.lines()
     );
     let refusal = relay
         .lines()
         .into_iter()
-        .find(|l| l.contains("tls reload refused"))
+        .rfind(|l| l.contains("tls reload refused"))
         .unwrap();
     assert!(
         refusal.contains("ORCA_RELAY_TLS_KEY does not match"),
@@ -240,7 +257,10 @@ async fn cert_files_reload_without_closing_splices() {
     // A certificate that no longer covers the public host is refused too.
     let (cert_d, key_d) = ca.issue(&["elsewhere.example"]);
     write_pair(&dir, &cert_d, &key_d);
-    assert!(relay.wait_log("does not cover", Duration::from_secs(10)));
+    assert!(relay.wait_log(
+        "ORCA_RELAY_TLS_CERT does not cover",
+        Duration::from_secs(10)
+    ));
     let served = served_cert(&relay.addr, "localhost", support::client_config(&ca.pem))
         .await
         .unwrap();

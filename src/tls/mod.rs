@@ -23,6 +23,21 @@ use rustls::sign::CertifiedKey;
 
 use crate::config::ConfigError;
 
+/// The deployment shapes, printed under `orca-relay serve --help`.
+pub const SHAPES_HELP: &str = "\
+Deployment shapes:
+  1. Development: plain HTTP on loopback (the default, http://127.0.0.1:8080). Phones cannot use
+     it: the Orca apps dial wss:// only and accept only https origins.
+  2. Small install, built-in TLS: ORCA_RELAY_TLS_CERT + ORCA_RELAY_TLS_KEY (PEM files, reloaded
+     when they change or on SIGHUP), or ORCA_RELAY_TLS_ACME_DOMAINS for automatic certificates
+     (TLS-ALPN-01 on this listener, so listen on :443). Set ORCA_RELAY_PUBLIC_URL to
+     https://<your host> (the ACME default is https://<first domain>).
+  3. Cluster behind a load balancer or proxy that terminates TLS: plain HTTP here, the public
+     https origins in ORCA_RELAY_PUBLIC_URL / ORCA_RELAY_CELL_URL, and
+     ORCA_RELAY_TRUSTED_PROXY_HOPS set to the number of proxies appending X-Forwarded-For.
+Origins: offers, resolve answers and relay-moved carry the canonical https origins configured
+here; cluster calls over https trust the system roots plus ORCA_RELAY_TLS_EXTRA_CA.";
+
 /// Let's Encrypt's production directory: the ACME default.
 pub const LETS_ENCRYPT: &str = "https://acme-v02.api.letsencrypt.org/directory";
 
@@ -237,4 +252,113 @@ pub fn origin_host(url: &str) -> Option<String> {
 /// it explicitly, this only covers libraries that ask for the process default.
 pub fn install_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> TlsArgs {
+        crate::config::ServeArgs::parse_flags(Vec::<String>::new())
+            .expect("defaults parse")
+            .tls
+    }
+
+    #[test]
+    fn origin_hosts() {
+        assert_eq!(
+            origin_host("https://relay.example").as_deref(),
+            Some("relay.example")
+        );
+        assert_eq!(
+            origin_host("https://relay.example:8443").as_deref(),
+            Some("relay.example")
+        );
+        assert_eq!(
+            origin_host("https://127.0.0.1:8080").as_deref(),
+            Some("127.0.0.1")
+        );
+        assert_eq!(origin_host("https://[::1]:8080").as_deref(), Some("::1"));
+        assert_eq!(origin_host("relay.example"), None);
+    }
+
+    #[test]
+    fn plain_by_default_and_pairs_required_together() {
+        let dir = std::env::temp_dir();
+        assert!(parse_settings(&args(), &dir).unwrap().is_none());
+        let mut a = args();
+        a.metrics_tls = "1".into();
+        assert_eq!(
+            parse_settings(&a, &dir).unwrap_err().0,
+            "ORCA_RELAY_METRICS_TLS requires ORCA_RELAY_TLS_CERT or ORCA_RELAY_TLS_ACME_DOMAINS"
+        );
+        a.metrics_tls = "yes".into();
+        assert_eq!(
+            parse_settings(&a, &dir).unwrap_err().0,
+            "ORCA_RELAY_METRICS_TLS must be 0, 1, true or false"
+        );
+        let mut a = args();
+        a.tls_cert = Some("/nonexistent/cert.pem".into());
+        a.tls_key = Some("/nonexistent/key.pem".into());
+        a.tls_reload_interval_ms = "10".into();
+        assert_eq!(
+            parse_settings(&a, &dir).unwrap_err().0,
+            "ORCA_RELAY_TLS_RELOAD_INTERVAL_MS must be an integer in 100..3600000"
+        );
+        a.tls_reload_interval_ms = "5000".into();
+        let e = parse_settings(&a, &dir).unwrap_err().0;
+        assert!(
+            e.starts_with("ORCA_RELAY_TLS_CERT: cannot read /nonexistent/cert.pem"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn acme_settings_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = args();
+        a.tls_acme_domains = Some("relay.example, Relay.Example ,b.example".into());
+        let s = parse_settings(&a, dir.path()).unwrap().unwrap();
+        let Source::Acme(acme) = &s.source else {
+            panic!("acme source")
+        };
+        assert_eq!(acme.domains, vec!["relay.example", "b.example"]);
+        assert_eq!(acme.directory, LETS_ENCRYPT);
+        assert_eq!(acme.cache_dir, dir.path().join("acme"));
+        assert_eq!(acme.renew_before, Duration::from_secs(30 * 86_400));
+        assert_eq!(s.default_host(), "relay.example");
+        assert!(s
+            .check_origin("ORCA_RELAY_PUBLIC_URL", "https://relay.example")
+            .is_ok());
+        assert_eq!(
+            s.check_origin("ORCA_RELAY_PUBLIC_URL", "https://other.example").unwrap_err().0,
+            "ORCA_RELAY_TLS_ACME_DOMAINS must include the host of ORCA_RELAY_PUBLIC_URL (other.example)"
+        );
+        for bad in ["127.0.0.1", "bad domain", ",", "a..b"] {
+            a.tls_acme_domains = Some(bad.into());
+            assert_eq!(
+                parse_settings(&a, dir.path()).unwrap_err().0,
+                "ORCA_RELAY_TLS_ACME_DOMAINS must be a comma list of DNS names",
+                "{bad}"
+            );
+        }
+        a.tls_acme_domains = Some("relay.example".into());
+        a.tls_acme_directory = Some("http://acme.example/dir".into());
+        assert_eq!(
+            parse_settings(&a, dir.path()).unwrap_err().0,
+            "ORCA_RELAY_TLS_ACME_DIRECTORY must be an https URL"
+        );
+        a.tls_acme_directory = None;
+        a.tls_acme_email = Some("not an address".into());
+        assert_eq!(
+            parse_settings(&a, dir.path()).unwrap_err().0,
+            "ORCA_RELAY_TLS_ACME_EMAIL must be an e-mail address"
+        );
+        a.tls_acme_email = None;
+        a.tls_acme_renew_before_days = "0".into();
+        assert_eq!(
+            parse_settings(&a, dir.path()).unwrap_err().0,
+            "ORCA_RELAY_TLS_ACME_RENEW_BEFORE_DAYS must be an integer in 1..3650"
+        );
+    }
 }

@@ -130,6 +130,23 @@ impl Relay {
         self.log.lock().unwrap().clone()
     }
 
+    /// How many log lines contain `needle`.
+    pub fn count(&self, needle: &str) -> usize {
+        self.lines().iter().filter(|l| l.contains(needle)).count()
+    }
+
+    /// Waits until more than `seen` log lines contain `needle`.
+    pub fn wait_more(&self, needle: &str, seen: usize, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if self.count(needle) > seen {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
     /// Waits until a log line contains `needle`.
     pub fn wait_log(&self, needle: &str, within: Duration) -> bool {
         let deadline = Instant::now() + within;
