@@ -314,9 +314,10 @@ fn spawn_reloader(
     hosts: Vec<String>,
     shutdown: CancellationToken,
 ) {
+    // Registered before returning: from here on SIGHUP means "reload", never the default "exit".
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     tokio::spawn(async move {
-        #[cfg(unix)]
-        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
         let read = {
             let (cert, key) = (cert.clone(), key.clone());
             move || read_pair_files(&cert, &key)
