@@ -94,10 +94,17 @@ async fn call(
     bearer: &str,
     body: Option<Value>,
 ) -> Result<Value, String> {
-    let client = reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(15))
-        .build()
-        .map_err(|e| e.to_string())?;
+    // An https server with a private CA: the same extra CA file the cluster uses.
+    let extra = tokio::task::spawn_blocking(|| {
+        crate::tls::parse_extra_ca(&crate::tls::TlsArgs {
+            tls_extra_ca: std::env::var("ORCA_RELAY_TLS_EXTRA_CA").ok(),
+            ..Default::default()
+        })
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())?;
+    let client = crate::tls::client::cluster_client(&extra, std::time::Duration::from_secs(15))?;
     let mut req = client.request(method, &url).bearer_auth(bearer);
     if let Some(b) = body {
         req = req.json(&b);

@@ -28,3 +28,4 @@ pub mod readiness;
 pub mod server;
 pub mod store;
 pub mod sync;
+pub mod tls;

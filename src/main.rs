@@ -24,6 +24,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the configured roles (the default command).
+    #[command(after_help = orca_relay::tls::SHAPES_HELP)]
     Serve(ServeArgs),
     /// Apply pending schema migrations to ORCA_RELAY_DATABASE_URL and exit.
     Migrate(ServeArgs),

@@ -112,6 +112,7 @@ pub async fn start(mut config: Config) -> Result<Running, String> {
     let metrics = Arc::new(Metrics::new());
     let ctx = Ctx::new(config, db, metrics);
     let roles = ctx.config.roles;
+    let tls = start_tls(&ctx)?;
 
     let director = if roles.director {
         Some(Director::start(ctx.clone()).await?)
@@ -145,11 +146,15 @@ pub async fn start(mut config: Config) -> Result<Running, String> {
             "listen": addr.to_string(),
         }),
     );
-    log::info!("[orca-relay] listening on http://{addr}");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    log::info!("[orca-relay] listening on {scheme}://{addr}");
 
     let filter = routes(&ctx, director.as_ref(), cell.as_ref(), push.as_ref());
     if let Some(maddr) = ctx.config.metrics_listen {
-        spawn_metrics_listener(ctx.clone(), maddr).await?;
+        let metrics_tls = tls
+            .clone()
+            .filter(|_| ctx.config.tls.as_ref().is_some_and(|t| t.metrics_tls));
+        spawn_metrics_listener(ctx.clone(), maddr, metrics_tls).await?;
     }
     let http = TaskTracker::new();
     let accept = ctx.spawn(
@@ -161,6 +166,7 @@ pub async fn start(mut config: Config) -> Result<Running, String> {
             director.clone(),
             cell.clone(),
             http.clone(),
+            tls,
         ),
     );
     Ok(Running {
@@ -251,6 +257,29 @@ pub async fn run(config: Config) -> i32 {
     running.shutdown().await
 }
 
+/// The listener's TLS front (and its certificate reloader or ACME loop), when configured.
+fn start_tls(ctx: &Ctx) -> Result<Option<Arc<crate::tls::server::Tls>>, String> {
+    let Some(settings) = &ctx.config.tls else {
+        return Ok(None);
+    };
+    crate::tls::install_provider();
+    let mut hosts: Vec<String> = crate::tls::origin_host(&ctx.config.public_url)
+        .into_iter()
+        .collect();
+    if ctx.config.roles.cell {
+        hosts.extend(crate::tls::origin_host(&ctx.config.cell_url));
+    }
+    hosts.dedup();
+    crate::tls::server::start(
+        settings,
+        &ctx.config.extra_ca,
+        hosts,
+        &ctx.metrics.registry,
+        ctx.shutdown.clone(),
+    )
+    .map(Some)
+}
+
 /// Registers the SIGTERM/SIGINT handlers now; the returned future completes on the first signal.
 fn wait_for_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
@@ -301,8 +330,8 @@ async fn accept_loop(
     director: Option<Arc<Director>>,
     cell: Option<Arc<Cell>>,
     http: TaskTracker,
+    tls: Option<Arc<crate::tls::server::Tls>>,
 ) {
-    let svc = warp::service(filter);
     let slots = Arc::new(tokio::sync::Semaphore::new(
         crate::contract::limits::HTTP_CONNECTIONS_MAX,
     ));
@@ -314,52 +343,91 @@ async fn accept_loop(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let ctx = ctx.clone();
-        let svc = svc.clone();
-        let director = director.clone();
-        let cell = cell.clone();
+        let conn = Conn {
+            ctx: ctx.clone(),
+            filter: filter.clone(),
+            director: director.clone(),
+            cell: cell.clone(),
+            peer,
+        };
+        let tls = tls.clone();
         http.spawn(async move {
             let _slot = slot;
-            let shutdown = ctx.shutdown.clone();
-            let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
-                req.extensions_mut().insert(PeerAddr(peer));
-                let ctx = ctx.clone();
-                let mut svc = svc.clone();
-                let director = director.clone();
-                let cell = cell.clone();
-                async move {
-                    let path = req.uri().path();
-                    if is_leg_path(path) {
-                        if let Some(cell) = &cell {
-                            return Ok::<_, Infallible>(cell.upgrade(req, peer).await);
-                        }
-                        if path.starts_with("/v1/connect/") {
-                            if let Some(d) = &director {
-                                return Ok(d.connect_redirect(req, peer).await);
-                            }
-                        }
-                        return Ok(h::error(StatusCode::NOT_FOUND, errors::CELL_ONLY));
+            // The handshake runs in the connection's task (never in the accept loop); after it,
+            // plain and TLS connections share one code path.
+            match tls {
+                None => conn.serve(stream).await,
+                Some(tls) => {
+                    if let Some(stream) = tls.accept(stream).await {
+                        conn.serve(stream).await;
                     }
-                    if ctx.shutting_down() && path != "/health" {
-                        return Ok(h::shutting_down());
-                    }
-                    svc.call(req).await
-                }
-            });
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10))
-                .serve_connection(TokioIo::new(stream), service)
-                .with_upgrades();
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = shutdown.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
                 }
             }
         });
+    }
+}
+
+/// One accepted connection and what serving it needs.
+struct Conn {
+    ctx: Ctx,
+    filter: BoxedFilter<(Response,)>,
+    director: Option<Arc<Director>>,
+    cell: Option<Arc<Cell>>,
+    peer: SocketAddr,
+}
+
+impl Conn {
+    async fn serve<S>(self, stream: S)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let Conn {
+            ctx,
+            filter,
+            director,
+            cell,
+            peer,
+        } = self;
+        let shutdown = ctx.shutdown.clone();
+        let svc = warp::service(filter);
+        let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
+            req.extensions_mut().insert(PeerAddr(peer));
+            let ctx = ctx.clone();
+            let mut svc = svc.clone();
+            let director = director.clone();
+            let cell = cell.clone();
+            async move {
+                let path = req.uri().path();
+                if is_leg_path(path) {
+                    if let Some(cell) = &cell {
+                        return Ok::<_, Infallible>(cell.upgrade(req, peer).await);
+                    }
+                    if path.starts_with("/v1/connect/") {
+                        if let Some(d) = &director {
+                            return Ok(d.connect_redirect(req, peer).await);
+                        }
+                    }
+                    return Ok(h::error(StatusCode::NOT_FOUND, errors::CELL_ONLY));
+                }
+                if ctx.shutting_down() && path != "/health" {
+                    return Ok(h::shutting_down());
+                }
+                svc.call(req).await
+            }
+        });
+        let conn = http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(10))
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades();
+        tokio::pin!(conn);
+        tokio::select! {
+            _ = conn.as_mut() => {}
+            _ = shutdown.cancelled() => {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
+        }
     }
 }
 
@@ -551,7 +619,11 @@ fn runtime_status(ctx: &Ctx, cell: Option<&Cell>, headers: &HeaderMap, body: h::
     )
 }
 
-async fn spawn_metrics_listener(ctx: Ctx, addr: SocketAddr) -> Result<(), String> {
+async fn spawn_metrics_listener(
+    ctx: Ctx,
+    addr: SocketAddr,
+    tls: Option<Arc<crate::tls::server::Tls>>,
+) -> Result<(), String> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|e| format!("ORCA_RELAY_METRICS_LISTEN: cannot bind {addr}: {e}"))?;
@@ -569,14 +641,25 @@ async fn spawn_metrics_listener(ctx: Ctx, addr: SocketAddr) -> Result<(), String
                 c = accept_with_backoff(|| listener.accept(), "metrics listener") => c,
             };
             let svc = svc.clone();
+            let tls = tls.clone();
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
                     let mut svc = svc.clone();
                     async move { svc.call(req).await }
                 });
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
+                let builder = http1::Builder::new();
+                match tls {
+                    None => {
+                        let _ = builder
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await;
+                    }
+                    Some(tls) => {
+                        if let Some(s) = tls.accept(stream).await {
+                            let _ = builder.serve_connection(TokioIo::new(s), service).await;
+                        }
+                    }
+                }
             });
         }
     });
