@@ -2,6 +2,10 @@
 //!
 //! Labels are bounded sets (leg, code, reason, outcome, route, cell id, store op), never host ids.
 
+pub mod process;
+
+use std::sync::Arc;
+
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -142,8 +146,26 @@ impl Metrics {
                 IntGauge::new("orca_push_queue_depth", "pending push deliveries").unwrap(),
             ),
             push_counters,
-            registry: r,
+            registry: {
+                r.register(Box::new(process::ProcessCollector::new()))
+                    .expect("register process collector");
+                r
+            },
         }
+    }
+
+    /// Registers a labelled counter owned by the module that moves it (a module registers its own
+    /// series; the core table of operations.md §2 is above). Call once per process.
+    pub fn register_counter_vec(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        reg(
+            &self.registry,
+            IntCounterVec::new(Opts::new(name, help), labels).expect("counter opts"),
+        )
+    }
+
+    /// Registers a collector (e.g. one sampled at scrape time) owned by another module.
+    pub fn register_collector(&self, c: Box<dyn prometheus::core::Collector>) {
+        self.registry.register(c).expect("register collector");
     }
 
     /// Adds 1 to the push counter `name` (one of [`PUSH_COUNTERS`]).
@@ -167,6 +189,14 @@ impl Metrics {
     /// Times a store operation under `op`.
     pub fn db_timer(&self, op: &str) -> prometheus::HistogramTimer {
         self.db_seconds.with_label_values(&[op]).start_timer()
+    }
+
+    /// [`Metrics::render`] on the blocking pool: gathering reads `/proc/self` (process series).
+    pub async fn render_blocking(self: &Arc<Self>) -> String {
+        let m = self.clone();
+        tokio::task::spawn_blocking(move || m.render())
+            .await
+            .unwrap_or_default()
     }
 
     /// The Prometheus text exposition.

@@ -42,18 +42,24 @@ pub async fn start(cell: &std::sync::Arc<Cell>) {
     let Some(target) = Target::choose(&cell.ctx, cell.director.clone()) else {
         return;
     };
-    let beat = |cell: std::sync::Arc<Cell>, target: std::sync::Arc<Target>| async move {
-        let ready = cell.ctx.readiness.check().await.is_ready();
-        let body = cell.heartbeat_body(ready);
-        let outcome = beat_once(&cell.ctx, &target, &body).await;
-        let label = if outcome.is_ok() { "ok" } else { "failed" };
-        cell.ctx
-            .metrics
-            .heartbeats
-            .with_label_values(&[label])
-            .inc();
-        if let Err(reason) = outcome {
-            log::warn!("[orca-relay] cell heartbeat failed {reason}");
+    // The cell's sends, apart from the director's receipts (`orca_relay_heartbeats_total`): on a
+    // single node one heartbeat is one send and one receipt, never two of the same series.
+    let sent = cell.ctx.metrics.register_counter_vec(
+        "orca_relay_heartbeats_sent_total",
+        "heartbeats this cell sent, by outcome (ok or failed)",
+        &["outcome"],
+    );
+    let beat = move |cell: std::sync::Arc<Cell>, target: std::sync::Arc<Target>| {
+        let sent = sent.clone();
+        async move {
+            let ready = cell.ctx.readiness.check().await.is_ready();
+            let body = cell.heartbeat_body(ready);
+            let outcome = beat_once(&cell.ctx, &target, &body).await;
+            let label = if outcome.is_ok() { "ok" } else { "failed" };
+            sent.with_label_values(&[label]).inc();
+            if let Err(reason) = outcome {
+                log::warn!("[orca-relay] cell heartbeat failed {reason}");
+            }
         }
     };
     let target = std::sync::Arc::new(target);

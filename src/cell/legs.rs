@@ -58,6 +58,18 @@ fn target(path: &str) -> Target {
     }
 }
 
+/// A gate's raw refusal, counted in `orca_relay_admission_rejections_total{reason}` (`reason` names
+/// the gate: shutting_down, query_string, unknown_path, invalid_id, capacity, preauth, host_token,
+/// store_pressure).
+fn refuse(cell: &Cell, reason: &'static str, status: StatusCode) -> Response {
+    cell.ctx
+        .metrics
+        .admission_rejections
+        .with_label_values(&[reason])
+        .inc();
+    ws::refuse(status)
+}
+
 pub async fn upgrade(
     cell: &Arc<Cell>,
     mut req: http::Request<Incoming>,
@@ -68,15 +80,17 @@ pub async fn upgrade(
         return crate::http::error(StatusCode::NOT_FOUND, crate::contract::errors::NOT_FOUND);
     };
     if cell.ctx.shutting_down() {
-        return ws::refuse(StatusCode::SERVICE_UNAVAILABLE);
+        return refuse(cell, "shutting_down", StatusCode::SERVICE_UNAVAILABLE);
     }
     if req.uri().query().is_some() {
-        return ws::refuse(StatusCode::BAD_REQUEST);
+        return refuse(cell, "query_string", StatusCode::BAD_REQUEST);
     }
     let path = req.uri().path().to_owned();
     match target(&path) {
-        Target::NotFound => ws::refuse(StatusCode::NOT_FOUND),
-        Target::Phone(None) | Target::Data(None) => ws::refuse(StatusCode::TOO_MANY_REQUESTS),
+        Target::NotFound => refuse(cell, "unknown_path", StatusCode::NOT_FOUND),
+        Target::Phone(None) | Target::Data(None) => {
+            refuse(cell, "invalid_id", StatusCode::TOO_MANY_REQUESTS)
+        }
         Target::Phone(Some(id)) => phone_gates(cell, &mut req, &key, peer, id),
         Target::Data(Some(conn_id)) => data_gates(cell, &mut req, &key, peer, conn_id),
         Target::Control => control_gates(cell, &mut req, &key).await,
@@ -120,14 +134,14 @@ fn phone_gates(
     relay_host_id: String,
 ) -> Response {
     if cell.with_ledger(|l| l.reserve_phone()) == Some(false) {
-        return ws::refuse(StatusCode::SERVICE_UNAVAILABLE);
+        return refuse(cell, "capacity", StatusCode::SERVICE_UNAVAILABLE);
     }
     let Some(source) = preauth(cell, req, peer, Leg::Phone) else {
         cell.with_ledger(|l| {
             l.abort();
             l.release_reserved(None);
         });
-        return ws::refuse(StatusCode::TOO_MANY_REQUESTS);
+        return refuse(cell, "preauth", StatusCode::TOO_MANY_REQUESTS);
     };
     let (resp, sock) = ws::accept(req, key, Leg::Phone);
     let cell = cell.clone();
@@ -157,14 +171,14 @@ fn data_gates(
     conn_id: String,
 ) -> Response {
     if cell.with_ledger(|l| l.reserve_data(&conn_id).is_some()) == Some(false) {
-        return ws::refuse(StatusCode::SERVICE_UNAVAILABLE);
+        return refuse(cell, "capacity", StatusCode::SERVICE_UNAVAILABLE);
     }
     let Some(source) = preauth(cell, req, peer, Leg::Data) else {
         cell.with_ledger(|l| {
             l.abort();
             l.restore_bound(&conn_id);
         });
-        return ws::refuse(StatusCode::TOO_MANY_REQUESTS);
+        return refuse(cell, "preauth", StatusCode::TOO_MANY_REQUESTS);
     };
     let (resp, sock) = ws::accept(req, key, Leg::Data);
     let cell = cell.clone();
@@ -202,11 +216,11 @@ async fn control_gates(
         _ => None,
     };
     let Some(token) = token.filter(|t| t.len() <= limits::HOST_TOKEN_MAX_CHARS) else {
-        return ws::refuse(StatusCode::UNAUTHORIZED);
+        return refuse(cell, "host_token", StatusCode::UNAUTHORIZED);
     };
     let claims = match cell.verifier.verify(&token, crate::clock::now_ms()).await {
         Ok(c) => c,
-        Err(_) => return ws::refuse(StatusCode::UNAUTHORIZED),
+        Err(_) => return refuse(cell, "host_token", StatusCode::UNAUTHORIZED),
     };
     let host = HostKey {
         user_id: claims.sub.clone(),
@@ -223,7 +237,7 @@ async fn control_gates(
         if p.waiting >= cell.ctx.config.database_pool_max as u64
             && p.oldest_wait_ms >= limits::STORE_SHED_WAIT_MS
         {
-            return ws::refuse(StatusCode::SERVICE_UNAVAILABLE);
+            return refuse(cell, "store_pressure", StatusCode::SERVICE_UNAVAILABLE);
         }
     }
     // Gate 5: connection capacity.
@@ -235,12 +249,12 @@ async fn control_gates(
                 .reserve_control(rebind_over_live)
             {
                 Some(w) => Some(w),
-                None => return ws::refuse(StatusCode::SERVICE_UNAVAILABLE),
+                None => return refuse(cell, "capacity", StatusCode::SERVICE_UNAVAILABLE),
             }
         }
         None => {
             if cell.open.load(Ordering::Relaxed) >= cell.ctx.config.max_connections {
-                return ws::refuse(StatusCode::TOO_MANY_REQUESTS);
+                return refuse(cell, "capacity", StatusCode::TOO_MANY_REQUESTS);
             }
             None
         }
