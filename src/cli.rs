@@ -19,11 +19,16 @@ pub const DEFAULT_URL: &str = "http://127.0.0.1:8080";
 #[derive(Args, Debug, Clone, Default)]
 pub struct Target {
     /// Server origin [env: ORCA_RELAY_URL] [default: http://127.0.0.1:8080].
-    #[arg(long = "url", id = "target_url", global = true)]
+    #[arg(long = "url", id = "target_url", value_name = "URL", global = true)]
     pub url: Option<String>,
     /// Single-node data directory holding secrets.json, read when ORCA_RELAY_ADMIN_TOKEN (or
     /// ORCA_RELAY_SELF_HOSTED_KEY) is unset [env: ORCA_RELAY_DATA_DIR] [default: ./data].
-    #[arg(long = "data-dir", id = "target_data_dir", global = true)]
+    #[arg(
+        long = "data-dir",
+        id = "target_data_dir",
+        value_name = "DATA_DIR",
+        global = true
+    )]
     pub data_dir: Option<PathBuf>,
 }
 
