@@ -4,7 +4,8 @@
 
 pub mod process;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
@@ -49,6 +50,8 @@ pub struct Metrics {
     pub db_seconds: HistogramVec,
     pub push_queue_depth: IntGauge,
     push_counters: Vec<IntCounter>,
+    /// Series registered by the modules that move them, by name.
+    owned: Mutex<HashMap<String, IntCounterVec>>,
 }
 
 impl Default for Metrics {
@@ -146,6 +149,7 @@ impl Metrics {
                 IntGauge::new("orca_push_queue_depth", "pending push deliveries").unwrap(),
             ),
             push_counters,
+            owned: Mutex::new(HashMap::new()),
             registry: {
                 r.register(Box::new(process::ProcessCollector::new()))
                     .expect("register process collector");
@@ -156,11 +160,18 @@ impl Metrics {
 
     /// Registers a labelled counter owned by the module that moves it (a module registers its own
     /// series; the core table of operations.md §2 is above). Call once per process.
+    /// Registering the same name again returns the first registration's series.
     pub fn register_counter_vec(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-        reg(
-            &self.registry,
-            IntCounterVec::new(Opts::new(name, help), labels).expect("counter opts"),
-        )
+        let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        owned
+            .entry(name.to_owned())
+            .or_insert_with(|| {
+                reg(
+                    &self.registry,
+                    IntCounterVec::new(Opts::new(name, help), labels).expect("counter opts"),
+                )
+            })
+            .clone()
     }
 
     /// Registers a collector (e.g. one sampled at scrape time) owned by another module.
