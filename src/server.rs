@@ -442,6 +442,8 @@ fn common_routes(
         .unify()
         .or(runtime_status)
         .unify()
+        .or(crate::dashboard::route())
+        .unify()
         .boxed()
 }
 
