@@ -11,7 +11,6 @@
 //! `CI=true` where it fails (.ci/run installs it).
 
 #[path = "support/cell/mod.rs"]
-#[allow(dead_code)]
 mod cell_support;
 #[path = "support/cluster/mod.rs"]
 mod cluster;
