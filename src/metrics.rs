@@ -162,7 +162,7 @@ impl Metrics {
     /// series; the core table of operations.md §2 is above). Call once per process.
     /// Registering the same name again returns the first registration's series.
     pub fn register_counter_vec(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-        let mut owned = self.owned.lock().unwrap_or_else(|e| e.into_inner());
+        let mut owned = crate::sync::lock(&self.owned);
         owned
             .entry(name.to_owned())
             .or_insert_with(|| {

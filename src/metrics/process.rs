@@ -1,4 +1,5 @@
 //! Process metrics (the conventional `process_*` series), read from `/proc/self` at scrape time.
+//! Linux only; no `unsafe` (the crate forbids it): tick rate is the ABI's USER_HZ.
 //!
 //! The prometheus crate's own process collector needs its `process` feature and the procfs crate;
 //! four tiny files read per scrape do the same. Reading happens inside `Registry::gather`, which
@@ -109,6 +110,18 @@ pub fn parse_stat(s: &str) -> Option<Stat> {
     })
 }
 
+/// Clock ticks per second of `/proc` times: USER_HZ, fixed at 100 by the Linux ABI whatever the
+/// kernel's internal HZ (no `sysconf` call, so no `unsafe`).
+const USER_HZ: f64 = 100.0;
+
+/// `VmRSS` of `/proc/self/status`, in kB (page-size independent, unlike the stat field).
+pub fn parse_vm_rss_kb(s: &str) -> Option<i64> {
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
 /// `btime` of `/proc/stat`: boot time, seconds since the epoch.
 pub fn parse_btime(s: &str) -> Option<u64> {
     s.lines()
@@ -136,18 +149,21 @@ impl Collector for ProcessCollector {
         else {
             return Vec::new();
         };
-        // SAFETY: sysconf has no preconditions.
-        let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(1);
+        let tick = USER_HZ;
         let cpu = (stat.utime_ticks + stat.stime_ticks) as f64 / tick;
         {
-            let mut seen = self.cpu_seen.lock().unwrap_or_else(|e| e.into_inner());
+            let mut seen = crate::sync::lock(&self.cpu_seen);
             if cpu > *seen {
                 self.cpu.inc_by(cpu - *seen);
                 *seen = cpu;
             }
         }
-        self.rss.set(stat.rss_pages * page as i64);
+        if let Some(kb) = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| parse_vm_rss_kb(&s))
+        {
+            self.rss.set(kb * 1024);
+        }
         self.vsize.set(stat.vsize as i64);
         self.threads.set(stat.threads);
         if let Some(bt) = std::fs::read_to_string("/proc/stat")
