@@ -17,6 +17,7 @@ pub mod clock;
 pub mod config;
 pub mod contract;
 pub mod crypto;
+pub mod dashboard;
 pub mod director;
 pub mod http;
 pub mod leg;

@@ -110,6 +110,7 @@ pub async fn start(mut config: Config) -> Result<Running, String> {
             .map_err(|e| format!("ORCA_RELAY_DATABASE_URL: migration failed: {e}"))?;
     }
     let metrics = Arc::new(Metrics::new());
+    db.observe_with(metrics.db_seconds.clone());
     let ctx = Ctx::new(config, db, metrics);
     let roles = ctx.config.roles;
     let tls = start_tls(&ctx)?;
@@ -519,11 +520,14 @@ fn common_routes(
     let metrics = warp::path!("metrics")
         .and(warp::get())
         .and(warp::header::headers_cloned())
-        .map(move |headers: HeaderMap| {
-            if !h::is_admin(&headers, c.config.secrets.admin_token.as_deref()) {
-                return h::invalid_token();
+        .then(move |headers: HeaderMap| {
+            let c = c.clone();
+            async move {
+                if !h::is_admin(&headers, c.config.secrets.admin_token.as_deref()) {
+                    return h::invalid_token();
+                }
+                metrics_response(&c.metrics).await
             }
-            metrics_response(&c.metrics)
         });
     let c = ctx.clone();
     let runtime_status = warp::path!("v1" / "admin" / "runtime-status")
@@ -539,6 +543,8 @@ fn common_routes(
         .or(metrics)
         .unify()
         .or(runtime_status)
+        .unify()
+        .or(crate::dashboard::route())
         .unify()
         .boxed()
 }
@@ -557,8 +563,8 @@ fn ready_response(v: Verdict) -> Response {
     }
 }
 
-fn metrics_response(m: &Metrics) -> Response {
-    let mut r = Response::new(m.render().into());
+async fn metrics_response(m: &Arc<Metrics>) -> Response {
+    let mut r = Response::new(m.render_blocking().await.into());
     r.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("text/plain; version=0.0.4"),
@@ -630,7 +636,10 @@ async fn spawn_metrics_listener(
     let c = ctx.clone();
     let filter = warp::path!("metrics")
         .and(warp::get())
-        .map(move || metrics_response(&c.metrics))
+        .then(move || {
+            let c = c.clone();
+            async move { metrics_response(&c.metrics).await }
+        })
         .boxed();
     let stop = ctx.child_token();
     ctx.spawn("metrics-listener", async move {

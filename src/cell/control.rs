@@ -17,7 +17,7 @@ use crate::clock::now_ms;
 use crate::contract::close::{self, reason};
 use crate::contract::limits;
 use crate::crypto::{self, HostBinding, HostClaims};
-use crate::leg::ws::{self, First, Ws};
+use crate::leg::ws::{self, First, Leg, Ws};
 use crate::logging;
 use crate::store::assignments::{self as store, ActivateControl, HostKey, RenewalOutcome};
 use crate::store::credentials as creds;
@@ -31,6 +31,15 @@ const OUT_QUEUE: usize = 64;
 enum Fail {
     Close(u16, &'static str),
     Gone,
+}
+
+/// `orca_relay_host_proofs_total{outcome}`: ok, timeout or invalid (operations.md §2).
+fn count_proof(cell: &Cell, outcome: &'static str) {
+    cell.ctx
+        .metrics
+        .host_proofs
+        .with_label_values(&[outcome])
+        .inc();
 }
 
 fn close_with(code: u16, r: &'static str) -> Fail {
@@ -79,7 +88,7 @@ pub async fn run(
     let (session, sock_id, rx) = match handshake {
         Ok(x) => x,
         Err(Fail::Close(code, r)) => {
-            ws::close(&mut ws, code, r).await;
+            cell.close_leg(Leg::Control, &mut ws, code, r).await;
             return;
         }
         Err(Fail::Gone) => return,
@@ -220,20 +229,17 @@ async fn handshake(
             },
             First::Binary => false,
             First::Timeout => {
+                count_proof(cell, "timeout");
                 return Err(close_with(
                     close::BAD_OUTER_CREDENTIAL,
                     reason::HOST_PROOF_TIMEOUT,
-                ))
+                ));
             }
             First::Oversize => return Err(close_with(close::MESSAGE_TOO_BIG, "message too big")),
             First::Violation(code) => return Err(close_with(code, ws::violation_reason(code))),
             First::Gone => return Err(Fail::Gone),
         };
-    cell.ctx
-        .metrics
-        .host_proofs
-        .with_label_values(&[if proof_ok { "ok" } else { "failed" }])
-        .inc();
+    count_proof(cell, if proof_ok { "ok" } else { "invalid" });
     if !proof_ok {
         return Err(close_with(
             close::BAD_OUTER_CREDENTIAL,
@@ -507,7 +513,7 @@ async fn control_loop(
                 Some(Ok(Message::Text(t))) => {
                     let text = on_text(cell, session, sock_id, t.as_str(), &cmds, &mut waiting);
                     if let Err((code, r)) = Box::pin(text).await {
-                        ws::close(ws, code, r).await;
+                        cell.close_leg(Leg::Control, ws, code, r).await;
                         return None;
                     }
                 }
@@ -518,7 +524,7 @@ async fn control_loop(
                 }
                 Some(Ok(_)) => {}
                 Some(Err(tokio_tungstenite::tungstenite::Error::Capacity(_))) => {
-                    ws::close(ws, close::MESSAGE_TOO_BIG, "message too big").await;
+                    cell.close_leg(Leg::Control, ws, close::MESSAGE_TOO_BIG, "message too big").await;
                     return None;
                 }
                 Some(Err(_)) | None => return None,
@@ -530,14 +536,14 @@ async fn control_loop(
                     }
                 }
                 Some(ControlOut::Close(code, r)) => {
-                    ws::close(ws, code, r).await;
+                    cell.close_leg(Leg::Control, ws, code, r).await;
                     return None;
                 }
                 None => return None,
             },
             _ = ticker.tick() => {
                 if let Some((code, r)) = on_tick(cell, session, sock_id) {
-                    ws::close(ws, code, r).await;
+                    cell.close_leg(Leg::Control, ws, code, r).await;
                     return None;
                 }
             }

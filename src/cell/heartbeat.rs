@@ -58,15 +58,22 @@ where
 {
     let stop = ctx.child_token();
     let metrics = ctx.metrics.clone();
+    // The cell's sends, apart from the director's receipts (`orca_relay_heartbeats_total`): on a
+    // single node one heartbeat is one send and one receipt, never two of the same series.
+    let sent = metrics.register_counter_vec(
+        "orca_relay_heartbeats_sent_total",
+        "heartbeats this cell sent, by outcome (ok or failed)",
+        &["outcome"],
+    );
     let beat = move || {
         let sink = sink.clone();
-        let metrics = metrics.clone();
+        let sent = sent.clone();
         let next = body();
         async move {
             let body = next.await;
             let outcome = sink.beat(&body).await;
             let label = if outcome.is_ok() { "ok" } else { "failed" };
-            metrics.heartbeats.with_label_values(&[label]).inc();
+            sent.with_label_values(&[label]).inc();
             if let Err(reason) = outcome {
                 log::warn!("[orca-relay] cell heartbeat failed {reason}");
             }

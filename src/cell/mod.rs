@@ -223,6 +223,32 @@ impl Cell {
 }
 
 /// One open leg socket's share of the connection accounting; released on drop.
+impl Cell {
+    /// A relay-initiated close of a `leg` socket (`ws::close`), counted in
+    /// `orca_relay_ws_closes_total{leg,code}`.
+    pub async fn close_leg<S>(
+        &self,
+        leg: Leg,
+        ws: &mut tokio_tungstenite::WebSocketStream<S>,
+        code: u16,
+        reason: &str,
+    ) where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        self.count_close(leg, code);
+        crate::leg::ws::close(ws, code, reason).await;
+    }
+
+    /// Counts a relay-initiated close done elsewhere (the splice teardown closes both at once).
+    pub fn count_close(&self, leg: Leg, code: u16) {
+        self.ctx
+            .metrics
+            .ws_closes
+            .with_label_values(&[leg.name(), &code.to_string()])
+            .inc();
+    }
+}
+
 pub struct ConnGuard {
     cell: Arc<Cell>,
     leg: Leg,
