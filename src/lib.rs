@@ -21,5 +21,6 @@ pub mod logging;
 pub mod metrics;
 pub mod push;
 pub mod readiness;
+pub mod rehome;
 pub mod server;
 pub mod store;

@@ -3,9 +3,12 @@
 
 use super::{Db, DbError, Row, Tx, Value};
 use crate::director::liveness::{
-    incarnation_verdict, Admission, CellView, Fence, IncarnationVerdict, Runtime, Telemetry,
+    incarnation_verdict, Admission, Fence, IncarnationVerdict, Runtime, Telemetry,
 };
 use crate::params;
+
+/// The cell view the rules read, re-exported so store callers need not name its home module.
+pub use crate::director::liveness::CellView;
 
 /// Columns of a cell row, in the order [`cell_from_row`] reads them.
 const CELL_COLUMNS: &str = "cell_id, cell_url, region, capacity_requests, reserved_requests, \

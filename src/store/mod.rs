@@ -19,6 +19,7 @@ pub mod migrate;
 pub mod migrations;
 pub mod placement;
 mod postgres;
+pub mod region;
 mod sqlite;
 pub mod testing;
 mod value;
