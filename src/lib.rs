@@ -17,6 +17,7 @@ pub mod contract;
 pub mod crypto;
 pub mod director;
 pub mod http;
+pub mod leg;
 pub mod logging;
 pub mod metrics;
 pub mod push;

@@ -21,9 +21,11 @@ use warp::filters::BoxedFilter;
 use warp::Filter;
 
 use crate::app::Ctx;
+use crate::cell::heartbeat_client::HttpHeartbeat;
 use crate::cell::Cell;
 use crate::config::Config;
 use crate::contract::errors;
+use crate::contract::heartbeat::HeartbeatSink;
 use crate::director::Director;
 use crate::http::{self as h, PeerAddr, Response};
 use crate::logging;
@@ -117,7 +119,7 @@ pub async fn start(mut config: Config) -> Result<Running, String> {
         None
     };
     let cell = if roles.cell {
-        Some(Cell::start(ctx.clone(), director.clone()).await?)
+        Some(Cell::start(ctx.clone(), heartbeat_sink(&ctx, director.as_ref())).await?)
     } else {
         None
     };
@@ -164,6 +166,15 @@ pub async fn start(mut config: Config) -> Result<Running, String> {
         accept,
         http,
     })
+}
+
+/// Where the local cell's heartbeats go: the director at `ORCA_RELAY_DIRECTOR_URL` over HTTP if
+/// configured, else this process's director in-process, else nowhere.
+fn heartbeat_sink(ctx: &Ctx, director: Option<&Arc<Director>>) -> Option<Arc<dyn HeartbeatSink>> {
+    match HttpHeartbeat::from_config(&ctx.config) {
+        Some(http) => Some(Arc::new(http)),
+        None => director.map(|d| d.clone() as Arc<dyn HeartbeatSink>),
+    }
 }
 
 impl Running {

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use director_common::*;
+use orca_relay::cell::heartbeat::start as start_heartbeats;
+use orca_relay::cell::heartbeat_client::HttpHeartbeat;
+use orca_relay::contract::heartbeat::HeartbeatSink;
 use orca_relay::contract::wire::CellHeartbeat;
-use orca_relay::director::heartbeat_client::{beat_once, run_heartbeats, Target};
 use orca_relay::store::testing::backends;
 use serde_json::json;
 
@@ -63,11 +65,12 @@ async fn in_process_beat_uses_the_same_validation_and_transaction() {
         let d = start(&t, &["--role", "director,cell", "--cell-id", "local"]).await;
         let dir = d.director().clone();
         let ctx = d.run.ctx.clone();
-        let target = Target::choose(&ctx, Some(dir.clone())).unwrap();
-        assert!(matches!(target, Target::Local(_)));
+        // No ORCA_RELAY_DIRECTOR_URL: the composition root wires the director in-process.
+        assert!(HttpHeartbeat::from_config(&ctx.config).is_none());
+        let target: &dyn HeartbeatSink = &*dir;
         let mut hb: CellHeartbeat = serde_json::from_value(json!({"v":1,"cellId":"local","cellUrl":d.base,"region":US,
             "cellIncarnation":ctx.incarnation,"startedAt":ctx.started_at,"ready":true,"observedRequests":0})).unwrap();
-        beat_once(&ctx, &target, &hb).await.unwrap();
+        target.beat(&hb).await.unwrap();
         let s = d.cell_status("local").await;
         assert_eq!(s["live"], json!(true));
         // Same refusals as over HTTP.
@@ -78,7 +81,7 @@ async fn in_process_beat_uses_the_same_validation_and_transaction() {
                 "stale_cell_incarnation"
             ))
         );
-        let err = beat_once(&ctx, &target, &hb).await.unwrap_err();
+        let err = target.beat(&hb).await.unwrap_err();
         assert!(err.starts_with("director_heartbeat_409"), "{err}");
         hb.started_at -= 1;
         hb.total_connections = Some(1);
@@ -132,26 +135,28 @@ async fn http_client_beats_with_a_cluster_token_and_loops_until_shutdown() {
         let db = orca_relay::store::Db::connect(&t.url, 2).await.unwrap();
         let ctx =
             orca_relay::app::Ctx::new(config, db, Arc::new(orca_relay::metrics::Metrics::new()));
-        let target = Target::choose(&ctx, None).unwrap();
-        assert!(matches!(target, Target::Remote { .. }));
+        let target = Arc::new(HttpHeartbeat::from_config(&ctx.config).unwrap());
         let inc = uuid();
-        beat_once(&ctx, &target, &body(&d, "A", &inc))
-            .await
-            .unwrap();
+        target.beat(&body(&d, "A", &inc)).await.unwrap();
         assert_eq!(
             d.cell_status("A").await["runtime"]["cellIncarnation"],
             json!(inc)
         );
-        let err = beat_once(&ctx, &target, &body(&d, "B", &inc))
-            .await
-            .unwrap_err();
+        let err = target.beat(&body(&d, "B", &inc)).await.unwrap_err();
         assert_eq!(err, "director_heartbeat_409");
         // The loop: first beat at once, stops on shutdown.
         let inc2 = uuid();
         let b = body(&d, "A", &inc2);
         let mut b = b;
         b.started_at = 200;
-        let task = tokio::spawn(run_heartbeats(ctx.clone(), None, move || b.clone()));
+        // The cell's real loop, with a fixed body.
+        let task = start_heartbeats(
+            ctx.shutdown.clone(),
+            ctx.metrics.clone(),
+            target,
+            move || std::future::ready(b.clone()),
+        )
+        .await;
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while d.cell_status("A").await["runtime"]["cellIncarnation"] != json!(inc2) {
             assert!(std::time::Instant::now() < deadline);

@@ -12,12 +12,12 @@ use tokio_tungstenite::tungstenite::Message;
 
 use super::frames::{self, Split};
 use super::session::{ControlOut, ControlRef, Inner, Session, State};
-use super::ws::{self, First, Ws};
 use super::{Cell, ConnGuard};
 use crate::clock::now_ms;
 use crate::contract::close::{self, reason};
 use crate::contract::limits;
 use crate::crypto::{self, HostBinding, HostClaims};
+use crate::leg::ws::{self, First, Ws};
 use crate::logging;
 use crate::store::assignments::{self as store, ActivateControl, HostKey, RenewalOutcome};
 use crate::store::credentials as creds;

@@ -1,53 +1,14 @@
-//! Strict JSON frame schemas of the legs (protocol.md §0, §3, §4.1, §5.1, §6).
+//! Strict JSON frame schemas of the cell's legs (protocol.md §3, §4.1, §6), on top of the leg
+//! toolkit's generic parsing ([`crate::leg::frame`]).
 //!
-//! A frame is one JSON object with a string `type`; the rest is validated strictly (unknown key,
-//! missing key, wrong type, fraction/exponent or out-of-range value = invalid). Parsing is split in
-//! two so callers can tell "not JSON" from "JSON without a string type" from "schema failure".
+//! Every schema denies unknown fields; fraction/exponent or out-of-range values are invalid.
 
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::contract::validate::is_opaque_id;
 use crate::crypto::b64::is_b64u32;
-
-/// Largest Generation / EpochMs value (2^53 − 1).
-pub const MAX_SAFE: u64 = (1u64 << 53) - 1;
-
-/// Outcome of splitting a text frame into its `type` and the rest.
-pub enum Split {
-    NotJson,
-    /// JSON, but not an object with a string `type`.
-    NoType,
-    Typed(String, Map<String, Value>),
-}
-
-pub fn split(text: &str) -> Split {
-    match serde_json::from_str::<Value>(text) {
-        Err(_) => Split::NotJson,
-        Ok(Value::Object(mut m)) => match m.remove("type") {
-            Some(Value::String(t)) => Split::Typed(t, m),
-            _ => Split::NoType,
-        },
-        Ok(_) => Split::NoType,
-    }
-}
-
-/// Deserialises the object minus `type` into `T` (which denies unknown fields), then `check`s it.
-pub fn body<T: DeserializeOwned + Check>(m: Map<String, Value>) -> Option<T> {
-    let t: T = serde_json::from_value(Value::Object(m)).ok()?;
-    t.check().then_some(t)
-}
-
-/// Range and pattern checks serde cannot express.
-pub trait Check {
-    fn check(&self) -> bool;
-}
-
-fn chars_in(s: &str, lo: usize, hi: usize) -> bool {
-    let n = s.chars().count();
-    (lo..=hi).contains(&n)
-}
+pub use crate::leg::frame::{body, chars_in, split, Check, RelayAuth, Split, MAX_SAFE};
 
 fn is_key32_shape(s: &str) -> bool {
     s.len() == 44
@@ -94,21 +55,6 @@ pub struct ChallengeAck {
 impl Check for ChallengeAck {
     fn check(&self) -> bool {
         is_opaque_id(&self.challenge_id) && is_key32_shape(&self.proof_b64)
-    }
-}
-
-/// `relay-auth` (§5.1).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RelayAuth {
-    pub v: u64,
-    pub mode: String,
-    pub credential: String,
-}
-
-impl Check for RelayAuth {
-    fn check(&self) -> bool {
-        self.v == 1 && self.mode == "connect" && is_b64u32(&self.credential)
     }
 }
 
@@ -264,6 +210,7 @@ pub fn capabilities<'a>(values: impl Iterator<Item = &'a str>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde::de::DeserializeOwned;
 
     fn parse<T: DeserializeOwned + Check>(text: &str) -> Option<T> {
         match split(text) {
@@ -305,21 +252,8 @@ mod tests {
     }
 
     #[test]
-    fn split_kinds() {
-        assert!(matches!(split("nope"), Split::NotJson));
-        assert!(matches!(split("[1]"), Split::NoType));
-        assert!(matches!(split(r#"{"type":1}"#), Split::NoType));
-        assert!(matches!(split(r#"{"type":"x"}"#), Split::Typed(t, _) if t == "x"));
-    }
-
-    #[test]
-    fn relay_auth_and_data_auth() {
+    fn data_auth() {
         let c = "BQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQU";
-        assert!(parse::<RelayAuth>(&format!(
-            r#"{{"type":"relay-auth","v":1,"mode":"connect","credential":"{c}"}}"#
-        ))
-        .is_some());
-        assert!(parse::<RelayAuth>(r#"{"type":"relay-auth"}"#).is_none());
         assert!(parse::<HostDataAuth>(&format!(
             r#"{{"type":"host-data-auth","v":1,"connTicket":"{c}","generation":1}}"#
         ))

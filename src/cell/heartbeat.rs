@@ -1,8 +1,17 @@
-//! The cell's heartbeat body (protocol.md §12). The transport (in-process director for role `all`
-//! without `ORCA_RELAY_DIRECTOR_URL`, else HTTP with a cluster token) is the director's
-//! `heartbeat_client`; this module builds the body from one ledger snapshot.
+//! The cell's heartbeats (protocol.md §12): the body, built from one ledger snapshot, and the beat
+//! loop. Where beats go is a [`HeartbeatSink`] chosen by `server.rs` (the in-process director for a
+//! process running both roles without `ORCA_RELAY_DIRECTOR_URL`, else the HTTP client of
+//! [`super::heartbeat_client`]).
 
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::contract::heartbeat::HeartbeatSink;
 use crate::contract::wire::CellHeartbeat;
+use crate::metrics::Metrics;
 
 use super::Cell;
 
@@ -33,41 +42,47 @@ impl Cell {
     }
 }
 
+/// Beat interval.
+pub const INTERVAL: Duration = Duration::from_secs(15);
+
 /// Starts the heartbeat loop (protocol.md §12): the first beat is awaited here, so a process that
 /// also runs the director has its local cell live before it answers any request; then one beat
 /// every 15 s, single-flight (a slow beat delays the next tick, missed ticks are skipped), until
-/// shutdown.
-pub async fn start(cell: &std::sync::Arc<Cell>) {
-    use crate::director::heartbeat_client::{beat_once, Target, INTERVAL};
-    let Some(target) = Target::choose(&cell.ctx, cell.director.clone()) else {
-        return;
-    };
-    let beat = |cell: std::sync::Arc<Cell>, target: std::sync::Arc<Target>| async move {
-        let ready = cell.ctx.readiness.check().await.is_ready();
-        let body = cell.heartbeat_body(ready);
-        let outcome = beat_once(&cell.ctx, &target, &body).await;
-        let label = if outcome.is_ok() { "ok" } else { "failed" };
-        cell.ctx
-            .metrics
-            .heartbeats
-            .with_label_values(&[label])
-            .inc();
-        if let Err(reason) = outcome {
-            log::warn!("[orca-relay] cell heartbeat failed {reason}");
+/// `stop`. `body` builds each beat's body when it is due.
+pub async fn start<F, Fut>(
+    stop: CancellationToken,
+    metrics: Arc<Metrics>,
+    sink: Arc<dyn HeartbeatSink>,
+    body: F,
+) -> tokio::task::JoinHandle<()>
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = CellHeartbeat> + Send,
+{
+    let beat = move || {
+        let sink = sink.clone();
+        let metrics = metrics.clone();
+        let next = body();
+        async move {
+            let body = next.await;
+            let outcome = sink.beat(&body).await;
+            let label = if outcome.is_ok() { "ok" } else { "failed" };
+            metrics.heartbeats.with_label_values(&[label]).inc();
+            if let Err(reason) = outcome {
+                log::warn!("[orca-relay] cell heartbeat failed {reason}");
+            }
         }
     };
-    let target = std::sync::Arc::new(target);
-    beat(cell.clone(), target.clone()).await;
-    let cell = cell.clone();
+    beat().await;
     tokio::spawn(async move {
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + INTERVAL, INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tokio::select! {
-                _ = cell.ctx.shutdown.cancelled() => return,
+                _ = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            beat(cell.clone(), target.clone()).await;
+            beat().await;
         }
-    });
+    })
 }

@@ -1,5 +1,6 @@
-//! Upgrade gates of the three legs (protocol.md §1.1): the first failing gate answers a raw
-//! refusal; a passing request gets 101 and its leg task.
+//! Upgrade gates of the cell's three legs (protocol.md §1.1): the shared pre-gates (gates 1 and 2,
+//! [`crate::leg::pre_gates`]), then the cell's gates 3-5 per leg; the first failing gate answers a
+//! raw refusal; a passing request gets 101 and its leg task.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -8,77 +9,25 @@ use std::sync::Arc;
 use http::StatusCode;
 use hyper::body::Incoming;
 
-use super::ws::{self, Leg};
 use super::{control, phone, Cell};
 use crate::contract::limits;
-use crate::crypto::is_relay_host_id;
 use crate::http::Response;
+use crate::leg::ws::{self, Leg};
+use crate::leg::{pre_gates, Target, Upgrade};
 use crate::store::assignments::HostKey;
-
-/// Percent-decodes a path segment; a bad escape or non-UTF-8 result is `None`.
-pub fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = |c: u8| (c as char).to_digit(16);
-            let hi = hex(*b.get(i + 1)?)?;
-            let lo = hex(*b.get(i + 2)?)?;
-            out.push((hi * 16 + lo) as u8);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-/// Which leg a path names, before any gate.
-enum Target {
-    Control,
-    Data(Option<String>),
-    Phone(Option<String>),
-    NotFound,
-}
-
-fn target(path: &str) -> Target {
-    if path == "/v1/host/control" {
-        Target::Control
-    } else if let Some(id) = path.strip_prefix("/v1/host/data/") {
-        Target::Data(percent_decode(id).filter(|d| {
-            let n = d.chars().count();
-            (1..=128).contains(&n)
-        }))
-    } else if let Some(id) = path.strip_prefix("/v1/connect/") {
-        Target::Phone(percent_decode(id).filter(|d| is_relay_host_id(d)))
-    } else {
-        Target::NotFound
-    }
-}
 
 pub async fn upgrade(
     cell: &Arc<Cell>,
     mut req: http::Request<Incoming>,
     peer: SocketAddr,
 ) -> Response {
-    let Some(key) = ws::ws_key(&req) else {
-        // A plain HTTP request to a leg path is an unknown route.
-        return crate::http::error(StatusCode::NOT_FOUND, crate::contract::errors::NOT_FOUND);
+    let Upgrade { key, target } = match pre_gates(&req, cell.ctx.shutting_down()) {
+        Ok(u) => u,
+        Err(refusal) => return refusal,
     };
-    if cell.ctx.shutting_down() {
-        return ws::refuse(StatusCode::SERVICE_UNAVAILABLE);
-    }
-    if req.uri().query().is_some() {
-        return ws::refuse(StatusCode::BAD_REQUEST);
-    }
-    let path = req.uri().path().to_owned();
-    match target(&path) {
-        Target::NotFound => ws::refuse(StatusCode::NOT_FOUND),
-        Target::Phone(None) | Target::Data(None) => ws::refuse(StatusCode::TOO_MANY_REQUESTS),
-        Target::Phone(Some(id)) => phone_gates(cell, &mut req, &key, peer, id),
-        Target::Data(Some(conn_id)) => data_gates(cell, &mut req, &key, peer, conn_id),
+    match target {
+        Target::Phone(id) => phone_gates(cell, &mut req, &key, peer, id),
+        Target::Data(conn_id) => data_gates(cell, &mut req, &key, peer, conn_id),
         Target::Control => control_gates(cell, &mut req, &key).await,
     }
 }
@@ -90,8 +39,6 @@ fn preauth(
     peer: SocketAddr,
     leg: Leg,
 ) -> Option<String> {
-    let source =
-        crate::http::client_source(peer, req.headers(), cell.ctx.config.trusted_proxy_hops);
     let capacity_ok = match &cell.ledger {
         Some(l) => {
             let l = l.lock().unwrap_or_else(|e| e.into_inner());
@@ -106,10 +53,13 @@ fn preauth(
             cell.open.load(Ordering::Relaxed) < m.saturating_sub(reserve)
         }
     };
-    let now = crate::clock::now_ms();
-    cell.preauth()
-        .try_admit(&source, now, capacity_ok)
-        .then_some(source)
+    crate::leg::pre_auth(
+        &cell.preauth,
+        req,
+        peer,
+        cell.ctx.config.trusted_proxy_hops,
+        capacity_ok,
+    )
 }
 
 fn phone_gates(
@@ -265,42 +215,4 @@ async fn control_gates(
         }
     });
     resp
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn percent_decoding() {
-        assert_eq!(percent_decode("abc%2Dd").as_deref(), Some("abc-d"));
-        assert_eq!(percent_decode("%zz"), None);
-        assert_eq!(percent_decode("%4"), None);
-        assert_eq!(percent_decode("%ff"), None, "not UTF-8");
-    }
-
-    #[test]
-    fn targets() {
-        assert!(matches!(target("/v1/host/control"), Target::Control));
-        assert!(matches!(target("/v1/host/controls"), Target::NotFound));
-        assert!(matches!(target("/v1/host/data/"), Target::Data(None)));
-        assert!(matches!(
-            target(&format!("/v1/host/data/{}", "a".repeat(129))),
-            Target::Data(None)
-        ));
-        assert!(matches!(
-            target(&format!("/v1/host/data/{}", "a".repeat(128))),
-            Target::Data(Some(_))
-        ));
-        assert!(matches!(target("/v1/connect/short"), Target::Phone(None)));
-        assert!(matches!(
-            target("/v1/connect/abcdefghijklmnop"),
-            Target::Phone(Some(_))
-        ));
-        assert!(matches!(
-            target("/v1/connect/abcdefghijklmno%70"),
-            Target::Phone(Some(_))
-        ));
-        assert!(matches!(target("/v1/connect"), Target::NotFound));
-    }
 }

@@ -2,18 +2,19 @@
 //! (protocol.md).
 //!
 //! - [`legs`]: upgrade gates (raw refusals) and dispatch to the leg handlers.
-//! - [`admission`], [`ledger`]: pure pre-auth and connection-ledger bookkeeping.
+//! - [`ledger`]: pure connection-ledger bookkeeping (pre-auth admission and the socket toolkit are
+//!   [`crate::leg`]).
 //! - [`control`]: host handshake, activation, control loop and tick.
 //! - [`phone`]: phone admission, data-leg attach, splice lifecycle.
 //! - [`splice`]: the hot path.
 //! - [`drain`]: `POST /v1/admin/drain` and SIGTERM.
 //! - [`renew`]: batched control-activity renewal.
 
-pub mod admission;
 pub mod control;
 pub mod drain;
 pub mod frames;
 pub mod heartbeat;
+pub mod heartbeat_client;
 pub mod ledger;
 pub mod legs;
 pub mod phone;
@@ -21,7 +22,6 @@ pub mod renew;
 pub mod session;
 pub mod splice;
 pub mod testkit;
-pub mod ws;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -32,22 +32,21 @@ use warp::filters::BoxedFilter;
 use warp::Filter;
 
 use crate::app::Ctx;
+use crate::contract::heartbeat::HeartbeatSink;
 use crate::crypto::{HostTokenVerifier, JwksSource};
-use crate::director::Director;
 use crate::http::Response;
+use crate::leg::admission::PreAuthGate;
+use crate::leg::Leg;
 use crate::store::assignments::HostKey;
 
-use admission::PreAuth;
 use ledger::Ledger;
 use session::{Registry, SignedOut};
-use ws::Leg;
 
 /// The cell of this process.
 pub struct Cell {
     pub ctx: Ctx,
-    pub director: Option<Arc<Director>>,
     pub verifier: HostTokenVerifier,
-    pub preauth: Mutex<PreAuth>,
+    pub preauth: PreAuthGate,
     /// Capped cells only.
     pub ledger: Option<Mutex<Ledger>>,
     /// Open leg sockets (uncapped accounting).
@@ -74,7 +73,11 @@ pub struct Counts {
 }
 
 impl Cell {
-    pub async fn start(ctx: Ctx, director: Option<Arc<Director>>) -> Result<Arc<Cell>, String> {
+    /// Starts the cell; with a `heartbeat` sink its first beat is delivered before this returns.
+    pub async fn start(
+        ctx: Ctx,
+        heartbeat: Option<Arc<dyn HeartbeatSink>>,
+    ) -> Result<Arc<Cell>, String> {
         let signing = ctx
             .config
             .secrets
@@ -93,7 +96,7 @@ impl Cell {
         let renewer = renew::Renewer::start(ctx.clone());
         let cell = Arc::new(Cell {
             verifier,
-            preauth: Mutex::new(PreAuth::default()),
+            preauth: PreAuthGate::default(),
             ledger,
             open: AtomicU64::new(0),
             budget: splice::Budget::default(),
@@ -106,9 +109,19 @@ impl Cell {
             counts: Counts::default(),
             background: tokio_util::task::TaskTracker::new(),
             ctx,
-            director,
         });
-        heartbeat::start(&cell).await;
+        if let Some(sink) = heartbeat {
+            let c = cell.clone();
+            let body = move || {
+                let c = c.clone();
+                async move {
+                    let ready = c.ctx.readiness.check().await.is_ready();
+                    c.heartbeat_body(ready)
+                }
+            };
+            let stop = cell.ctx.shutdown.clone();
+            heartbeat::start(stop, cell.ctx.metrics.clone(), sink, body).await;
+        }
         Ok(cell)
     }
 
@@ -159,8 +172,8 @@ impl Cell {
             tokio::time::timeout(std::time::Duration::from_secs(3), self.background.wait()).await;
     }
 
-    pub fn preauth(&self) -> std::sync::MutexGuard<'_, PreAuth> {
-        self.preauth.lock().unwrap_or_else(|e| e.into_inner())
+    pub fn preauth(&self) -> &PreAuthGate {
+        &self.preauth
     }
 
     pub fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {

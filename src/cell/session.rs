@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::ws::Ws;
 use super::ConnGuard;
 use crate::crypto::HostClaims;
+use crate::leg::ws::Ws;
 use crate::store::assignments::HostKey;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -398,8 +398,8 @@ where
 {
     let ((pc, pr), (hc, hr)) = end.closes();
     tokio::join!(
-        super::ws::close(phone, pc, pr),
-        super::ws::close(host, hc, hr)
+        crate::leg::ws::close(phone, pc, pr),
+        crate::leg::ws::close(host, hc, hr)
     );
 }
 

@@ -5,6 +5,7 @@
 
 pub mod close;
 pub mod errors;
+pub mod heartbeat;
 pub mod limits;
 pub mod validate;
 pub mod wire;

@@ -7,7 +7,7 @@
 //! bouncing through here costs the invite no attempt.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
@@ -15,27 +15,19 @@ use hyper::body::Incoming;
 use serde_json::json;
 
 use super::Director;
-use crate::cell::admission::PreAuth;
-use crate::cell::frames::{self, Split};
-use crate::cell::legs::percent_decode;
-use crate::cell::ws::{self, First, Leg};
 use crate::contract::close::{self, reason};
 use crate::contract::limits;
-use crate::crypto::ident::is_relay_host_id;
 use crate::http::Response;
+use crate::leg::admission::PreAuthGate;
+use crate::leg::frame;
+use crate::leg::ws::{self, First, Leg};
+use crate::leg::{pre_auth, pre_gates, Target, Upgrade};
 use crate::store::assignments::HostKey;
 use crate::store::credentials::{self, Resolved};
 use crate::store::placement::{self, AssignOptions};
 
 /// Pre-auth admission of the director's phone sockets (gate 4), per process.
-#[derive(Default)]
-pub struct RedirectAdmission(Mutex<PreAuth>);
-
-impl RedirectAdmission {
-    fn lock(&self) -> std::sync::MutexGuard<'_, PreAuth> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
+pub type RedirectAdmission = PreAuthGate;
 
 /// What the phone is told after its `relay-auth`.
 #[derive(Debug, PartialEq, Eq)]
@@ -55,45 +47,34 @@ pub async fn handle(
     mut req: http::Request<Incoming>,
     peer: SocketAddr,
 ) -> Response {
-    let Some(key) = ws::ws_key(&req) else {
-        return crate::http::error(StatusCode::NOT_FOUND, crate::contract::errors::NOT_FOUND);
+    let Upgrade { key, target } = match pre_gates(&req, d.ctx.shutting_down()) {
+        Ok(u) => u,
+        Err(refusal) => return refusal,
     };
-    if d.ctx.shutting_down() {
-        return ws::refuse(StatusCode::SERVICE_UNAVAILABLE);
-    }
-    // Gate 1: any query string.
-    if req.uri().query().is_some() {
-        return ws::refuse(StatusCode::BAD_REQUEST);
-    }
-    // Gate 2: the percent-decoded id must be a RelayHostId.
-    let relay_host_id = req
-        .uri()
-        .path()
-        .strip_prefix("/v1/connect/")
-        .and_then(percent_decode)
-        .filter(|id| is_relay_host_id(id));
-    let Some(relay_host_id) = relay_host_id else {
+    // The server routes only `/v1/connect/…` here; the host legs are the cell's.
+    let Target::Phone(relay_host_id) = target else {
+        return ws::refuse(StatusCode::NOT_FOUND);
+    };
+    // Gate 4: pre-auth admission by source (no connection ledger on a director).
+    let Some(source) = pre_auth(
+        &d.redirect_admission,
+        &req,
+        peer,
+        d.ctx.config.trusted_proxy_hops,
+        true,
+    ) else {
         return ws::refuse(StatusCode::TOO_MANY_REQUESTS);
     };
-    // Gate 4: pre-auth admission by source.
-    let source = crate::http::client_source(peer, req.headers(), d.ctx.config.trusted_proxy_hops);
-    if !d
-        .redirect_admission
-        .lock()
-        .try_admit(&source, crate::clock::now_ms(), true)
-    {
-        return ws::refuse(StatusCode::TOO_MANY_REQUESTS);
-    }
     let (resp, sock) = ws::accept(&mut req, &key, Leg::Phone);
     let d = d.clone();
     tokio::spawn(async move {
         let Some(mut socket) = sock.await else {
-            d.redirect_admission.lock().leave(&source);
+            d.redirect_admission.leave(&source);
             return;
         };
         let first =
             ws::first_frame(&mut socket, Duration::from_millis(limits::FIRST_FRAME_MS)).await;
-        d.redirect_admission.lock().leave(&source);
+        d.redirect_admission.leave(&source);
         let text = match first {
             First::Text(t) => t,
             First::Binary => {
@@ -115,9 +96,9 @@ pub async fn handle(
             First::Oversize => return ws::close(&mut socket, close::MESSAGE_TOO_BIG, "").await,
             First::Gone => return,
         };
-        let answer = match parse(&text) {
+        let answer = match frame::relay_auth(&text) {
             None => Answer::Reject(reason::INVALID_RELAY_AUTH),
-            Some(credential) => decide(&d, &relay_host_id, &credential).await,
+            Some(auth) => decide(&d, &relay_host_id, &auth.credential).await,
         };
         match answer {
             Answer::Moved { cell_url, epoch } => {
@@ -148,16 +129,6 @@ pub async fn handle(
         }
     });
     resp
-}
-
-/// The credential of a strict `relay-auth` frame.
-fn parse(text: &str) -> Option<String> {
-    match frames::split(text) {
-        Split::Typed(t, m) if t == "relay-auth" => {
-            frames::body::<frames::RelayAuth>(m).map(|a| a.credential)
-        }
-        _ => None,
-    }
 }
 
 /// An invite that resolves gets its host's assignment (placing the host if it has none); a resume
@@ -195,23 +166,5 @@ async fn decide(d: &Director, relay_host_id: &str, credential: &str) -> Answer {
             Err(_) => Answer::Unavailable,
         },
         Err(_) => Answer::Unavailable,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse;
-
-    #[test]
-    fn relay_auth_is_strict() {
-        let cred = "BQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQU";
-        let ok = format!(r#"{{"type":"relay-auth","v":1,"mode":"connect","credential":"{cred}"}}"#);
-        assert_eq!(parse(&ok).as_deref(), Some(cred));
-        assert_eq!(parse(r#"{"type":"relay-auth"}"#), None);
-        assert_eq!(parse("nope"), None);
-        let extra = format!(
-            r#"{{"type":"relay-auth","v":1,"mode":"connect","credential":"{cred}","x":1}}"#
-        );
-        assert_eq!(parse(&extra), None);
     }
 }

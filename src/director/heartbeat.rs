@@ -1,6 +1,7 @@
 //! Heartbeat validation and handling (director.md §3.6–§3.7), shared by the HTTP route and the
 //! in-process beat of a process that also runs `cell`.
 
+use crate::contract::heartbeat::{BeatFuture, HeartbeatSink};
 use crate::contract::validate::{check_origin, is_cell_id, is_safe_integer, is_uuid};
 use crate::contract::wire::{CellHeartbeat, CellRehomeStatus};
 use crate::store::cells::Beat;
@@ -98,6 +99,22 @@ pub fn validate_rehome_status(s: &CellRehomeStatus) -> bool {
         && f.database_pool_total.is_none_or(nonneg)
         && f.database_pool_idle.is_none_or(nonneg)
         && f.database_pool_oldest_wait_ms.is_none_or(nonneg)
+}
+
+/// The in-process transport of a process that runs both roles: the same validation and
+/// transaction as `POST /v1/admin/cell-heartbeat`, with the HTTP client's failure reasons.
+impl HeartbeatSink for super::Director {
+    fn beat<'a>(&'a self, body: &'a CellHeartbeat) -> BeatFuture<'a> {
+        Box::pin(async move {
+            self.heartbeat(body).await.map_err(|e| match e {
+                HeartbeatRefusal::Refused(code) => format!("director_heartbeat_409 {code}"),
+                HeartbeatRefusal::Unavailable => "director_heartbeat_503".into(),
+                HeartbeatRefusal::InvalidRequest | HeartbeatRefusal::Invalid(_) => {
+                    "director_heartbeat_400".into()
+                }
+            })
+        })
+    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,6 @@
 pub mod admin;
 pub mod connect_redirect;
 pub mod heartbeat;
-pub mod heartbeat_client;
 pub mod host_token;
 pub mod lanes;
 pub mod liveness;

@@ -3,6 +3,7 @@
 //! least recently used evicted). Pure: the caller supplies the clock and the open-connection verdict.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard};
 
 use crate::contract::limits;
 
@@ -121,6 +122,38 @@ impl PreAuth {
     /// Number of sources with a window (≤ 4 096).
     pub fn window_count(&self) -> usize {
         self.windows.len()
+    }
+}
+
+/// One process-wide pre-auth table behind a mutex (what a cell or the director's invite redirect
+/// holds). Critical sections are short and never await; a poisoned lock is recovered, because
+/// every mutation leaves the table consistent before it can panic (see `ARCHITECTURE.md`, "Mutex
+/// poisoning").
+#[derive(Debug, Default)]
+pub struct PreAuthGate(Mutex<PreAuth>);
+
+impl PreAuthGate {
+    pub fn new(limits: PreAuthLimits) -> PreAuthGate {
+        PreAuthGate(Mutex::new(PreAuth::new(limits)))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PreAuth> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// [`PreAuth::try_admit`].
+    pub fn admit(&self, source: &str, now_ms: i64, capacity_ok: bool) -> bool {
+        self.lock().try_admit(source, now_ms, capacity_ok)
+    }
+
+    /// [`PreAuth::leave`].
+    pub fn leave(&self, source: &str) {
+        self.lock().leave(source)
+    }
+
+    /// Sockets awaiting a first frame.
+    pub fn awaiting(&self) -> usize {
+        self.lock().awaiting()
     }
 }
 

@@ -1,0 +1,17 @@
+//! Where a cell's heartbeats (protocol.md §12) go: the one interface between the cell and the
+//! director roles. The director implements it in-process; the cell's HTTP client
+//! (`cell::heartbeat_client`) implements it with a cluster token. `server.rs` picks one.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use super::wire::CellHeartbeat;
+
+/// The future of one beat: `Err(reason)` is what the cell's failure log line names
+/// (`director_heartbeat_<status>`, `director_heartbeat_timeout`, …).
+pub type BeatFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>>;
+
+/// Accepts one heartbeat body.
+pub trait HeartbeatSink: Send + Sync {
+    fn beat<'a>(&'a self, body: &'a CellHeartbeat) -> BeatFuture<'a>;
+}

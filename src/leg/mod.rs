@@ -1,0 +1,17 @@
+//! The WebSocket toolkit both roles use on their leg paths (protocol.md §1): the upgrade gates every
+//! leg endpoint shares, socket configuration and the 101 upgrade, pre-auth admission, path decoding
+//! and the generic first-frame parsing.
+//!
+//! The cell's three legs and the director's invite redirect (protocol.md §5.5) are both built from
+//! these parts, so a rule of §1.1 or §1.2 lives in exactly one place. Nothing here knows a role:
+//! callers pass the process state a gate needs (shutting down, the pre-auth table, the capacity
+//! verdict).
+
+pub mod admission;
+pub mod frame;
+pub mod gates;
+pub mod path;
+pub mod ws;
+
+pub use gates::{pre_auth, pre_gates, Target, Upgrade};
+pub use ws::Leg;
