@@ -53,6 +53,11 @@ pub fn routes(d: Arc<Director>) -> BoxedFilter<(Response,)> {
             migration_complete_route
         ))
         .unify()
+        .or(admin!(
+            "/v1/admin/regional-rehome-control",
+            rehome_control_route
+        ))
+        .unify()
         .or(overview_route(d.clone()))
         .unify()
         .boxed()
@@ -499,6 +504,7 @@ async fn host_views(
             created_at: m.i64(15),
         });
         let home = cells::view(db, &row.cell_id).await?;
+        let decision = super::region::region_decision_json(db, &host).await?;
         let hv = HostView {
             row,
             leases,
@@ -526,7 +532,7 @@ async fn host_views(
                 "rollIsolated": hv.roll_isolated(home.as_ref(), now),
                 "rollReplaced": hv.roll_replaced(home.as_ref(), now),
             },
-            "regionDecision": Json::Null,
+            "regionDecision": decision,
         }));
     }
     Ok(out)

@@ -11,6 +11,7 @@ pub mod host_token;
 pub mod lanes;
 pub mod liveness;
 pub mod placement;
+pub mod region;
 pub mod rejections;
 pub mod routes;
 pub mod sweeps;
@@ -88,6 +89,7 @@ impl Director {
         director.register_configured_cells().await?;
         let handle = sweeps::spawn(director.clone(), director.stop.clone());
         *director.sweeps.lock().unwrap() = Some(handle);
+        director.start_outcomes_log();
         Ok(director)
     }
 
