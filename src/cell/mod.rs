@@ -15,6 +15,7 @@ pub mod drain;
 pub mod frames;
 pub mod heartbeat;
 pub mod heartbeat_client;
+pub mod idle_rehome;
 pub mod ledger;
 pub mod legs;
 pub mod phone;
@@ -60,6 +61,10 @@ pub struct Cell {
     pub drain_epoch: AtomicU64,
     pub renewer: renew::Renewer,
     pub counts: Counts,
+    /// Idle regional rehome (§13): running attempts and held idle-work tokens.
+    pub idle: Arc<Mutex<idle_rehome::IdleRehome>>,
+    /// The 30 s window of the cell's own safety counters (§12, §13).
+    pub safety: Mutex<crate::rehome::rules::SafetyWindow>,
     /// Store writes that must finish before the process exits (activity releases).
     pub background: tokio_util::task::TaskTracker,
 }
@@ -70,6 +75,15 @@ pub struct Counts {
     pub controls: AtomicI64,
     pub splices: AtomicI64,
     pub pending: AtomicI64,
+    /// Control activities whose re-acquire failed (§4.4): the safety object's
+    /// `controlActivityRecoveryFailures`.
+    pub recovery_failures: AtomicI64,
+}
+
+impl Counts {
+    pub fn recovery_failures(&self) -> i64 {
+        self.recovery_failures.load(Ordering::Relaxed)
+    }
 }
 
 impl Cell {
@@ -107,10 +121,16 @@ impl Cell {
             drain_epoch: AtomicU64::new(0),
             renewer,
             counts: Counts::default(),
+            idle: Default::default(),
+            safety: Mutex::new(crate::rehome::rules::SafetyWindow::new(ctx.started_at)),
             background: tokio_util::task::TaskTracker::new(),
             ctx,
         });
         if let Some(sink) = heartbeat {
+            let sink: Arc<dyn HeartbeatSink> = Arc::new(idle_rehome::StatusAfterBeat {
+                inner: sink,
+                cell: Arc::downgrade(&cell),
+            });
             let c = cell.clone();
             let body = move || {
                 let c = c.clone();
@@ -125,9 +145,12 @@ impl Cell {
         Ok(cell)
     }
 
-    /// HTTP routes of the cell role (drain; idle rehome is a later addition).
+    /// HTTP routes of the cell role: drain and idle rehome.
     pub fn routes(self: &Arc<Self>) -> BoxedFilter<(Response,)> {
-        drain::route(self.clone()).boxed()
+        drain::route(self.clone())
+            .or(idle_rehome::route(self.clone()))
+            .unify()
+            .boxed()
     }
 
     /// Handles a request on a WebSocket leg path (`/v1/host/control`, `/v1/host/data/…`,
@@ -184,12 +207,6 @@ impl Cell {
         self.ledger
             .as_ref()
             .map(|l| f(&mut l.lock().unwrap_or_else(|e| e.into_inner())))
-    }
-
-    /// §13 idle-work token hook: true while an idle cutover holds the host's admission gate.
-    /// Idle regional rehome is not built yet, so the gate is always open.
-    pub fn idle_gate_closed(&self, _key: &HostKey) -> bool {
-        false
     }
 
     /// Releases an activity in the background (idempotent in the store; failures are logged).

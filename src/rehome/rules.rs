@@ -302,6 +302,77 @@ pub fn fleet_safe(cells: &[CellFacts], now: i64) -> bool {
         .all(|c| c.live && safety_current(c, now) && c.safety.as_ref().is_some_and(safety_clean))
 }
 
+/// Window of the safety counters (§3.7, §8.3): the last 30 s.
+pub const SAFETY_WINDOW_MS: i64 = 30_000;
+
+/// One reading of a process's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SafetyReading {
+    /// Totals since start-up: SQL failures, reconnects, control-activity recovery failures.
+    pub totals: [i64; 3],
+    /// Callers waiting for a database connection right now.
+    pub waiting: i64,
+    /// Maxima since the previous reading: waiters, wait ms.
+    pub waiters_max: i64,
+    pub wait_ms_max: i64,
+    /// Pool size and idle connections (Postgres), the oldest current wait.
+    pub pool: Option<(i64, i64)>,
+    pub oldest_wait_ms: i64,
+}
+
+/// The last 30 s of readings, counted from start-up: a fresh process has a window (its start
+/// reading is all zeros).
+#[derive(Debug, Clone)]
+pub struct SafetyWindow {
+    samples: std::collections::VecDeque<(i64, SafetyReading)>,
+}
+
+impl SafetyWindow {
+    pub fn new(started_at: i64) -> SafetyWindow {
+        let zero = SafetyReading {
+            totals: [0; 3],
+            waiting: 0,
+            waiters_max: 0,
+            wait_ms_max: 0,
+            pool: None,
+            oldest_wait_ms: 0,
+        };
+        SafetyWindow {
+            samples: std::collections::VecDeque::from([(started_at, zero)]),
+        }
+    }
+
+    /// Adds a reading taken at `now` and returns the safety object over the last 30 s: counter
+    /// deltas against the newest reading at least 30 s old (or the start), maxima over the window.
+    pub fn record(&mut self, now: i64, r: SafetyReading) -> Safety {
+        self.samples.push_back((now, r));
+        while self.samples.len() > 2 && self.samples[1].0 <= now - SAFETY_WINDOW_MS {
+            self.samples.pop_front();
+        }
+        let base = self.samples[0].1.totals;
+        let delta = |i: usize| (r.totals[i] - base[i]).max(0);
+        let in_window = self
+            .samples
+            .iter()
+            .filter(|(t, _)| *t > now - SAFETY_WINDOW_MS);
+        let (waiters, wait_ms) = in_window.fold((0, 0), |(a, b), (_, s)| {
+            (a.max(s.waiters_max), b.max(s.wait_ms_max))
+        });
+        Safety {
+            observed_at: now,
+            sql_failures: delta(0),
+            reconnects: delta(1),
+            control_activity_recovery_failures: delta(2),
+            database_pool_waiting: r.waiting.min(100),
+            database_pool_waiters_max: waiters.max(r.waiting),
+            database_pool_wait_ms_max: wait_ms.max(r.oldest_wait_ms),
+            database_pool_total: r.pool.map(|p| p.0),
+            database_pool_idle: r.pool.map(|p| p.1),
+            database_pool_oldest_wait_ms: Some(r.oldest_wait_ms),
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Control (§8.2, §1.3)
 
@@ -869,6 +940,32 @@ mod tests {
         let mut dead = c.clone();
         dead.live = false;
         assert!(!fleet_safe(&[c, dead], now));
+    }
+
+    #[test]
+    fn safety_window_counts_the_last_30s() {
+        let mut w = SafetyWindow::new(0);
+        let r = |f: i64, waiters: i64| SafetyReading {
+            totals: [f, 0, 0],
+            waiting: 0,
+            waiters_max: waiters,
+            wait_ms_max: 0,
+            pool: None,
+            oldest_wait_ms: 0,
+        };
+        // A fresh process counts from start-up.
+        assert_eq!(w.record(1_000, r(2, 0)).sql_failures, 2);
+        assert_eq!(w.record(15_000, r(5, 7)).sql_failures, 5);
+        let s = w.record(31_000, r(6, 0));
+        assert_eq!(s.sql_failures, 4, "against the 1 s reading");
+        assert_eq!(s.database_pool_waiters_max, 7);
+        let s = w.record(46_000, r(6, 0));
+        assert_eq!(s.sql_failures, 1, "against the 15 s reading");
+        assert_eq!(
+            s.database_pool_waiters_max, 0,
+            "the 15 s maximum left the window"
+        );
+        assert_eq!(w.record(80_000, r(6, 0)).sql_failures, 0);
     }
 
     #[test]
