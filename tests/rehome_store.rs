@@ -6,12 +6,12 @@ mod director_common;
 
 use director_common::check_invariants;
 use orca_relay::contract::wire::Safety;
-use orca_relay::director::liveness::Admission;
+use orca_relay::director::assign::{assign, AssignOptions};
+use orca_relay::model::Admission;
 use orca_relay::rehome::rules::{self, Apply, RehomeRequest, Report, ReportOutcome, ReportStatus};
 use orca_relay::rehome::service::{self, Committed, Reconciled};
 use orca_relay::store::assignments::{activate_control, ActivateControl, HostKey};
 use orca_relay::store::cells::{self, Beat, CellSpec};
-use orca_relay::store::placement::{assign, AssignOptions};
 use orca_relay::store::testing::backends;
 use orca_relay::store::{region, Db};
 
@@ -47,7 +47,7 @@ async fn cell(db: &Db, id: &str, region: &str, capacity: i64, inc: &str) {
     )
     .await
     .unwrap();
-    cells::heartbeat(
+    orca_relay::director::heartbeat::apply(
         db,
         &Beat {
             cell_id: id.into(),

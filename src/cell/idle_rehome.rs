@@ -144,7 +144,7 @@ pub struct IdleToken {
 
 impl Drop for IdleToken {
     fn drop(&mut self) {
-        let mut g = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut g = crate::sync::lock(&self.idle);
         if let Some(n) = g.tokens.get_mut(&self.relay_host_id) {
             *n -= 1;
             if *n == 0 {
@@ -156,7 +156,7 @@ impl Drop for IdleToken {
 
 impl Cell {
     fn idle(&self) -> std::sync::MutexGuard<'_, IdleRehome> {
-        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.idle)
     }
 
     /// True while an idle cutover holds the host's admission gate.
@@ -180,10 +180,7 @@ impl Cell {
     /// The cell's own safety object: real counters of this process's store over the last 30 s.
     pub fn own_safety(&self, now: i64) -> Safety {
         let reading = db_reading(&self.ctx.db, self.counts.recovery_failures());
-        self.safety
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .record(now, reading)
+        crate::sync::lock(&self.safety).record(now, reading)
     }
 }
 

@@ -1077,7 +1077,7 @@ mod tests {
         let home = cell("A", "us");
         let lease = Lease {
             activity_id: "control:A:4".into(),
-            kind: "control".into(),
+            kind: crate::model::LeaseKind::Control,
             cell_id: "A".into(),
             request_units: 1,
             expires_at: 0,
@@ -1101,7 +1101,7 @@ mod tests {
         assert_eq!(idle_control_generation(&[other_inc], &home), None);
         let splice = Lease {
             activity_id: "splice:c1".into(),
-            kind: "splice".into(),
+            kind: crate::model::LeaseKind::Splice,
             ..lease.clone()
         };
         assert_eq!(

@@ -11,6 +11,7 @@ use serde_json::{json, Value as Json};
 use super::cell_facts;
 use super::rules::{self, AttemptRecord, CellFacts, Control, RehomeRequest, ReportStatus};
 use crate::contract::wire::Safety;
+use crate::model::LeaseKind;
 use crate::store::assignments::{
     insert_lease, lock_leases, lock_open_migration, lock_reservations, lock_row, refresh_row,
     release_epoch_reservations, reserve_connection, HostKey, CELL_DRIVEN_WAIT_MS,
@@ -508,7 +509,7 @@ async fn commit_tx(
         tx,
         &host,
         &format!("control-pending:{e}"),
-        "control",
+        LeaseKind::Control,
         &target.cell_id,
         1,
         lease_exp,
@@ -519,7 +520,7 @@ async fn commit_tx(
         tx,
         &host,
         &format!("migration:{e}"),
-        "migration",
+        LeaseKind::Migration,
         &target.cell_id,
         src,
         lease_exp,

@@ -619,10 +619,7 @@ pub async fn read_leases(
             params![&host.user_id, &host.relay_host_id],
         )
         .await?;
-    Ok(rows
-        .iter()
-        .map(super::assignments::Lease::from_row)
-        .collect())
+    Ok(rows.iter().map(super::assignments::lease_from).collect())
 }
 
 /// True when the host has an open migration (plain read).
