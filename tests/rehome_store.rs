@@ -542,3 +542,64 @@ async fn database_cut_during_commit_writes_nothing() {
     proxy.close();
     cut_db.close();
 }
+
+/// §8.6: an idle-rehome migration that never arrives is rolled back to its live `general`
+/// source; the attempt is aborted `host_not_arrived` and, in its own transaction afterwards, the
+/// control is disabled with that reason. Outcomes count it without host identities.
+#[tokio::test]
+async fn unarrived_idle_rehome_rolls_back_aborts_and_disables() {
+    for t in backends().await {
+        let db = &t.db;
+        let (h, req) = fixture(db).await;
+        let (o, _) = service::commit(db, &req, &clean(), 100, now())
+            .await
+            .unwrap();
+        assert_eq!(o, Committed::Committed);
+        let later = now() + 301_000;
+        db.execute(
+            "UPDATE relay_cell_runtime SET last_heartbeat_at = $1, safety_received_at = $1",
+            &[later.into()],
+        )
+        .await
+        .unwrap();
+        let n = orca_relay::director::migrate::expire_unarrived(db, later)
+            .await
+            .unwrap();
+        assert_eq!(n.done, 1);
+        assert_eq!(
+            home(db, &h).await,
+            ("A".into(), 3),
+            "rolled back at epoch + 1"
+        );
+        let a = db
+            .query(
+                "SELECT abort_reason FROM relay_region_rehome_attempts WHERE attempt_id = $1",
+                &[req.attempt_id.clone().into()],
+            )
+            .await
+            .unwrap();
+        assert_eq!(a[0].opt_str(0).as_deref(), Some("host_not_arrived"));
+        let e = service::disable_after_aborts(db, later)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(e.0, "orca_relay_regional_rehome_safety_disabled");
+        let c = region::read_control(db).await.unwrap();
+        assert!(!c.enabled);
+        assert_eq!(c.disabled_reason.as_deref(), Some("host_not_arrived"));
+        assert!(
+            service::disable_after_aborts(db, later)
+                .await
+                .unwrap()
+                .is_none(),
+            "once"
+        );
+        let o = service::outcomes(db, later).await.unwrap();
+        assert_eq!(o["attempts"]["committed"], 1);
+        assert_eq!(o["attempts"]["aborted"]["host_not_arrived"], 1);
+        assert_eq!(o["migrations"][0]["state"], "aborted");
+        let text = o.to_string();
+        assert!(!text.contains(&h.user_id) && !text.contains(&h.relay_host_id));
+        check_invariants(db).await;
+    }
+}
