@@ -142,6 +142,10 @@ pub async fn run_phone(
             held.release_unit();
             return ws::close(&mut ws, close::MESSAGE_TOO_BIG, "message too big").await;
         }
+        First::Violation(code) => {
+            held.release_unit();
+            return ws::close(&mut ws, code, ws::violation_reason(code)).await;
+        }
         First::Gone => return held.release_unit(),
     };
     let auth: Option<frames::RelayAuth> = match frames::split(&text) {
@@ -212,6 +216,12 @@ async fn admit(
         abandoned(&key, "assignment", started);
         return Err(None);
     }
+    // Step 2, before anything is spent: a host that was already sent a drain refuses new phones
+    // without reserving the credential (it needs the session key, which step 3 yields).
+    let current = cell.registry().get(&key);
+    if current.is_some_and(|s| s.lock().drain_sent) {
+        return Err(Some((close::DRAINING, REJECTED)));
+    }
     // Step 4: reserve.
     let reserved_at = now_ms();
     let (kind, lease) = match &resolved {
@@ -225,11 +235,13 @@ async fn admit(
         },
         Resolved::Resume { .. } => ("resume", reserved_at + limits::ATTACH_DEADLINE_MS as i64),
     };
+    // The credential is reserved (authenticated): the phone leg's own message limit applies.
+    ws::authenticated(ws);
     if phone_gone(ws, &mut stash) {
         abandoned(&key, "credential", started);
         return Err(None);
     }
-    // Steps 2, 5, 6.
+    // Steps 5, 6 (and step 2 again: a drain may have been sent while reserving).
     let session = cell.registry().get(&key);
     let (session, sock_id) = {
         let Some(session) = session else {
@@ -715,6 +727,7 @@ pub async fn run_data(
             reason::FIRST_FRAME_TIMEOUT,
         )),
         First::Oversize => Err(fail(close::MESSAGE_TOO_BIG, "message too big")),
+        First::Violation(code) => Err(fail(code, ws::violation_reason(code))),
         First::Gone => {
             restore(&cell);
             return;
@@ -778,6 +791,8 @@ pub async fn run_data(
         return ws::close(&mut ws, bad_ticket.0, bad_ticket.1).await;
     };
     cell.registry().pending_owner.remove(&conn_id);
+    // The ticket authenticated the data leg: its own message limit applies from here.
+    ws::authenticated(&ws);
     if let Err(Attach::Data(leg)) = pending
         .tx
         .send(Attach::Data(Box::new(DataLeg { ws, guard })))

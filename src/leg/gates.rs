@@ -38,6 +38,11 @@ pub fn pre_gates(req: &http::Request<Incoming>, shutting_down: bool) -> Result<U
             crate::contract::errors::NOT_FOUND,
         ));
     };
+    // RFC 6455 §4.2.1: a key that is not base64 of 16 bytes (an empty one included) is a bad
+    // handshake, 400, never a 101.
+    if !ws::valid_key(&key) {
+        return Err(ws::refuse(StatusCode::BAD_REQUEST));
+    }
     if shutting_down {
         return Err(ws::refuse(StatusCode::SERVICE_UNAVAILABLE));
     }
