@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod model;
 pub mod push;
 pub mod readiness;
+pub mod rehome;
 pub mod server;
 pub mod store;
 pub mod sync;

@@ -619,6 +619,7 @@ fn runtime_status(ctx: &Ctx, cell: Option<&Cell>, headers: &HeaderMap, body: h::
             "cellIncarnation": if is_cell { Some(&ctx.incarnation) } else { None },
             "startedAt": ctx.started_at,
             "draining": cell.is_some_and(|c| c.is_draining()),
+            "regionalRehomeProtocol": if is_cell { Some(crate::cell::idle_rehome::PROTOCOL) } else { None },
             "connectionCapacity": capacity,
             "runtime": runtime,
         }),

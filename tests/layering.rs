@@ -158,6 +158,29 @@ fn cell_does_not_name_director() {
     );
 }
 
+/// Idle regional correction is shared by the director and the cell: it may use the model, the
+/// contract and the store, never a role, the logging module or the HTTP layer.
+#[test]
+fn rehome_names_no_role() {
+    rule(
+        "src/rehome names a role, logging or http",
+        &["src/rehome"],
+        &[],
+        |_, code| {
+            ["director", "cell", "push", "logging", "http", "server"]
+                .iter()
+                .any(|m| names_module(code, m))
+        },
+    );
+}
+
+#[test]
+fn rehome_holds_no_sql() {
+    rule("SQL in src/rehome", &["src/rehome"], &[], |_, code| {
+        holds_sql(code)
+    });
+}
+
 #[test]
 fn model_depends_on_contract_only() {
     const OURS: [&str; 13] = [

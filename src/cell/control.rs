@@ -261,12 +261,13 @@ async fn handshake(
             reason::CONTROL_ACTIVATION_QUEUE_STALLED,
         ));
     };
-    if cell.idle_gate_closed(key) {
+    // The idle-work token (§13), held through the activation.
+    let Some(_idle) = cell.idle_token(key) else {
         return Err(close_with(
             close::WRONG_CELL,
             reason::IDLE_CUTOVER_IN_PROGRESS,
         ));
-    }
+    };
     if superseded(cell.registry().get(key).map(|s| s.id), seen_id) {
         return Err(close_with(
             close::PEER_DROPPED,
@@ -748,6 +749,9 @@ async fn on_renewal(
                     Some(reason::CONTROL_MIGRATION_COMPLETED)
                 }
                 Err(e) => {
+                    cell.counts
+                        .recovery_failures
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     log::warn!("[orca-relay] control re-acquire failed code={}", e.code());
                     None
                 }
@@ -806,10 +810,22 @@ async fn on_text(
             Ok(())
         }
         "auth-refresh" => {
+            let Some(_idle) = cell.idle_token(&session.key) else {
+                return Err((close::DRAINING, reason::RESOLVE_DIRECTOR));
+            };
             let Some(r) = frames::body::<frames::AuthRefresh>(m) else {
                 return Ok(());
             };
             auth_refresh(cell, session, &r.relay_jwt).await
+        }
+        "invite-create"
+        | "device-credential-install"
+        | "device-credential-install-status"
+        | "device-resume-confirm"
+        | "device-revoke"
+            if cell.idle_gate_closed(&session.key) =>
+        {
+            Err((close::DRAINING, reason::RESOLVE_DIRECTOR))
         }
         "invite-create" => match frames::body::<frames::InviteCreate>(m.clone()) {
             Some(c) => {
@@ -968,11 +984,13 @@ fn start_command(
     cmd: Command,
 ) {
     let (c, s) = (cell.clone(), session.clone());
-    cmds.run(
-        &cell.ctx,
-        permit,
-        async move { run_command(&c, &s, cmd).await },
-    );
+    // The idle-work token (§13) is taken before the command's first await and held until it
+    // replies; the dispatcher checked the gate in the same task.
+    let idle = cell.idle_token(&session.key);
+    cmds.run(&cell.ctx, permit, async move {
+        let _idle = idle;
+        run_command(&c, &s, cmd).await
+    });
 }
 
 /// The `control-error` code of a failed activity acquisition: its own code, except that a

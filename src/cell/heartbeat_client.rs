@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::contract::heartbeat::{BeatFuture, HeartbeatSink};
-use crate::contract::wire::CellHeartbeat;
+use crate::contract::wire::{CellHeartbeat, CellRehomeStatus};
 
 /// HTTP timeout of one beat.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
@@ -62,5 +62,29 @@ impl HttpHeartbeat {
 impl HeartbeatSink for HttpHeartbeat {
     fn beat<'a>(&'a self, body: &'a CellHeartbeat) -> BeatFuture<'a> {
         Box::pin(self.send(body))
+    }
+
+    fn rehome_status<'a>(&'a self, body: &'a CellRehomeStatus) -> BeatFuture<'a> {
+        Box::pin(async move {
+            let key = self.cluster_key.as_deref().ok_or("cluster_key_missing")?;
+            let token = crate::crypto::jwt::mint_cluster_token(
+                key.as_bytes(),
+                &body.cell_id,
+                crate::clock::now_ms(),
+            );
+            let resp = self
+                .client
+                .post(format!("{}/v1/admin/cell-rehome-status", self.url))
+                .bearer_auth(token)
+                .json(body)
+                .send()
+                .await
+                .map_err(|_| "director_rehome_status_unreachable".to_string())?;
+            match resp.status().as_u16() {
+                // A director without the route is tolerated (protocol.md §12).
+                200 | 404 => Ok(()),
+                s => Err(format!("director_rehome_status_{s}")),
+            }
+        })
     }
 }

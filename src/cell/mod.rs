@@ -15,6 +15,7 @@ pub mod drain;
 pub mod frames;
 pub mod heartbeat;
 pub mod heartbeat_client;
+pub mod idle_rehome;
 pub mod ledger;
 pub mod legs;
 pub mod phone;
@@ -60,6 +61,10 @@ pub struct Cell {
     pub drain_epoch: AtomicU64,
     pub renewer: renew::Renewer,
     pub counts: Counts,
+    /// Idle regional rehome (§13): running attempts and held idle-work tokens.
+    pub idle: Arc<Mutex<idle_rehome::IdleRehome>>,
+    /// The 30 s window of the cell's own safety counters (§12, §13).
+    pub safety: Mutex<crate::rehome::rules::SafetyWindow>,
 }
 
 /// Live counts for `/v1/admin/runtime-status` and heartbeats.
@@ -68,6 +73,15 @@ pub struct Counts {
     pub controls: AtomicI64,
     pub splices: AtomicI64,
     pub pending: AtomicI64,
+    /// Control activities whose re-acquire failed (§4.4): the safety object's
+    /// `controlActivityRecoveryFailures`.
+    pub recovery_failures: AtomicI64,
+}
+
+impl Counts {
+    pub fn recovery_failures(&self) -> i64 {
+        self.recovery_failures.load(Ordering::Relaxed)
+    }
 }
 
 impl Cell {
@@ -105,9 +119,15 @@ impl Cell {
             drain_epoch: AtomicU64::new(0),
             renewer,
             counts: Counts::default(),
+            idle: Default::default(),
+            safety: Mutex::new(crate::rehome::rules::SafetyWindow::new(ctx.started_at)),
             ctx,
         });
         if let Some(sink) = heartbeat {
+            let sink: Arc<dyn HeartbeatSink> = Arc::new(idle_rehome::StatusAfterBeat {
+                inner: sink,
+                cell: Arc::downgrade(&cell),
+            });
             let c = cell.clone();
             let body = move || {
                 let c = c.clone();
@@ -121,9 +141,12 @@ impl Cell {
         Ok(cell)
     }
 
-    /// HTTP routes of the cell role (drain; idle rehome is a later addition).
+    /// HTTP routes of the cell role: drain and idle rehome.
     pub fn routes(self: &Arc<Self>) -> BoxedFilter<(Response,)> {
-        drain::route(self.clone()).boxed()
+        drain::route(self.clone())
+            .or(idle_rehome::route(self.clone()))
+            .unify()
+            .boxed()
     }
 
     /// Handles a request on a WebSocket leg path (`/v1/host/control`, `/v1/host/data/…`,
@@ -177,12 +200,6 @@ impl Cell {
 
     pub fn with_ledger<T>(&self, f: impl FnOnce(&mut Ledger) -> T) -> Option<T> {
         self.ledger.as_ref().map(|l| f(&mut crate::sync::lock(l)))
-    }
-
-    /// §13 idle-work token hook: true while an idle cutover holds the host's admission gate.
-    /// Idle regional rehome is not built yet, so the gate is always open.
-    pub fn idle_gate_closed(&self, _key: &HostKey) -> bool {
-        false
     }
 
     /// Releases an activity in the background (idempotent in the store; failures are logged).

@@ -45,6 +45,8 @@ struct Held {
     conn_id: Option<String>,
     /// The ledger's reserved unit is still the phone's to release.
     unit: bool,
+    /// The idle-work token of the accept (§13): the host is not idle while a phone is admitted.
+    idle: Option<super::idle_rehome::IdleToken>,
 }
 
 impl Held {
@@ -114,6 +116,7 @@ pub async fn run_phone(
         activity: None,
         conn_id: None,
         unit: cell.ledger.is_some(),
+        idle: None,
     };
     let text = match first {
         First::Text(t) => t,
@@ -212,9 +215,10 @@ async fn admit(
     };
     held.key = Some(key.clone());
     // Step 1: the idle-work token.
-    if cell.idle_gate_closed(&key) {
+    let Some(idle) = cell.idle_token(&key) else {
         return Err(Some((close::WRONG_CELL, REJECTED)));
-    }
+    };
+    held.idle = Some(idle);
     match store::resolve_assignment(db, &key).await {
         Ok(Some(a)) if a.cell_id == cell.ctx.config.cell_id => {}
         Ok(_) => return Err(Some((close::WRONG_CELL, REJECTED))),
@@ -785,7 +789,7 @@ pub async fn run_data(
             .close_leg(Leg::Data, &mut ws, bad_ticket.0, bad_ticket.1)
             .await;
     };
-    if cell.idle_gate_closed(&session.key) {
+    let Some(_idle) = cell.idle_token(&session.key) else {
         restore(&cell);
         return cell
             .close_leg(
@@ -795,7 +799,7 @@ pub async fn run_data(
                 reason::IDLE_CUTOVER_IN_PROGRESS,
             )
             .await;
-    }
+    };
     // Steps 2, 3.
     let pending = {
         let mut st = session.lock();

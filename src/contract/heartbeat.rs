@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use super::wire::CellHeartbeat;
+use super::wire::{CellHeartbeat, CellRehomeStatus};
 
 /// The future of one beat: `Err(reason)` is what the cell's failure log line names
 /// (`director_heartbeat_<status>`, `director_heartbeat_timeout`, …).
@@ -14,4 +14,10 @@ pub type BeatFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send
 /// Accepts one heartbeat body.
 pub trait HeartbeatSink: Send + Sync {
     fn beat<'a>(&'a self, body: &'a CellHeartbeat) -> BeatFuture<'a>;
+
+    /// The `cell-rehome-status` sent after each successful beat (director.md §3.7); a sink
+    /// without it accepts and drops the status.
+    fn rehome_status<'a>(&'a self, _body: &'a CellRehomeStatus) -> BeatFuture<'a> {
+        Box::pin(async { Ok(()) })
+    }
 }

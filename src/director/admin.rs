@@ -58,6 +58,11 @@ pub fn routes(d: Arc<Director>) -> BoxedFilter<(Response,)> {
             migration_complete_route
         ))
         .unify()
+        .or(admin!(
+            "/v1/admin/regional-rehome-control",
+            rehome_control_route
+        ))
+        .unify()
         .or(overview_route(d.clone()))
         .unify()
         .boxed()
@@ -446,6 +451,7 @@ async fn host_views(
         let mig = migrations::read_open(db, &host).await?;
         let open_migration = mig.as_ref().map(|m| m.open());
         let home = cells::view(db, &row.cell_id).await?;
+        let decision = super::region::region_decision_json(db, &host).await?;
         let hv = HostView {
             row,
             leases,
@@ -474,7 +480,7 @@ async fn host_views(
                 "rollIsolated": hv.roll_isolated(home.as_ref(), now),
                 "rollReplaced": hv.roll_replaced(home.as_ref(), now),
             },
-            "regionDecision": Json::Null,
+            "regionDecision": decision,
         }));
     }
     Ok(out)

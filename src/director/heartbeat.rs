@@ -243,6 +243,21 @@ pub fn validate_rehome_status(s: &CellRehomeStatus) -> bool {
 /// The in-process transport of a process that runs both roles: the same validation and
 /// transaction as `POST /v1/admin/cell-heartbeat`, with the HTTP client's failure reasons.
 impl HeartbeatSink for super::Director {
+    fn rehome_status<'a>(
+        &'a self,
+        body: &'a crate::contract::wire::CellRehomeStatus,
+    ) -> BeatFuture<'a> {
+        Box::pin(async move {
+            if !validate_rehome_status(body) {
+                return Err("director_rehome_status_400".into());
+            }
+            self.rehome_status(body).await.map_err(|e| match e {
+                HeartbeatRefusal::Refused(code) => format!("director_rehome_status_409 {code}"),
+                _ => "director_rehome_status_503".into(),
+            })
+        })
+    }
+
     fn beat<'a>(&'a self, body: &'a CellHeartbeat) -> BeatFuture<'a> {
         Box::pin(async move {
             self.heartbeat(body).await.map_err(|e| match e {

@@ -540,6 +540,8 @@ pub async fn expire_aged(db: &Db, now: i64) -> Result<SweepCount, DbError> {
         for l in doomed {
             delete_lease(tx, &host, l, now).await?;
         }
+        // An idle-rehome attempt is aborted, not completed, by the aged settle (§7.4, §8.6).
+        crate::store::region::abort_attempt(tx, &host, epoch, "max_refresh_expired", now).await?;
         rows::mark_completed(tx, &host, epoch, now).await?;
         refresh_row(tx, &host, None, now).await?;
         Ok(true)

@@ -13,6 +13,7 @@ pub mod lanes;
 pub mod liveness;
 pub mod migrate;
 pub mod placement;
+pub mod region;
 pub mod rejections;
 pub mod routes;
 pub mod sweeps;
@@ -95,6 +96,7 @@ impl Director {
         director.register_configured_cells().await?;
         let handle = sweeps::spawn(director.clone(), director.stop.clone());
         *crate::sync::lock(&director.sweeps) = Some(handle);
+        director.start_outcomes_log();
         Ok(director)
     }
 

@@ -28,6 +28,7 @@ use crate::contract::wire::{CellHeartbeat, CellRehomeStatus};
 use crate::crypto;
 use crate::director::placement::Refusal;
 use crate::http::{self as h, Body, Response};
+use crate::rehome::rules::RegionCorrection;
 use crate::store::assignments::HostKey;
 
 const UNAVAILABLE: &str = "assignments_temporarily_unavailable";
@@ -119,8 +120,13 @@ struct AssignRequest {
     reconnect: Option<bool>,
     #[serde(default)]
     preferred_region: Option<String>,
-    #[serde(default)]
+    /// Present-but-`null` stays `Some(Null)` so the strict schema rejects it.
+    #[serde(default, deserialize_with = "present")]
     region_correction: Option<serde_json::Value>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
+    serde_json::Value::deserialize(d).map(Some)
 }
 
 #[derive(Deserialize)]
@@ -247,15 +253,14 @@ impl Director {
         {
             return h::bad_request();
         }
-        let action = match &req.region_correction {
+        let rc = match &req.region_correction {
             None => None,
-            Some(rc) => match region_correction_action(rc, regions) {
+            Some(v) => match crate::rehome::rules::parse_region_correction(v, regions) {
                 Some(a) => Some(a),
                 None => return h::bad_request(),
             },
         };
-        let report = action == Some("report");
-        let window = action == Some("issue-window");
+        let report = matches!(rc, Some(RegionCorrection::Report(_)));
         if req.relay_host_id != claims.relay_host_id {
             return h::error(StatusCode::FORBIDDEN, "host_identity_mismatch");
         }
@@ -292,7 +297,7 @@ impl Director {
                     }
                     Ok(true) => {
                         return self
-                            .run_assign(permit, c, host, req.preferred_region, (false, window), now)
+                            .run_assign(permit, c, host, req.preferred_region, rc, now)
                             .await
                     }
                     Ok(false) => drop(permit),
@@ -308,7 +313,7 @@ impl Director {
         match self.placement_lane.enter(&host).await {
             Err(r) => self.lane_rejected(c, r, &host),
             Ok(permit) => {
-                self.run_assign(permit, c, host, req.preferred_region, (report, window), now)
+                self.run_assign(permit, c, host, req.preferred_region, rc, now)
                     .await
             }
         }
@@ -338,9 +343,10 @@ impl Director {
         c: Ctx<'static>,
         host: HostKey,
         preferred: Option<String>,
-        (report, window): (bool, bool),
+        rc: Option<RegionCorrection>,
         now: i64,
     ) -> Response {
+        let report = matches!(rc, Some(RegionCorrection::Report(_)));
         permit.started();
         let me = self.clone();
         let task_host = host.clone();
@@ -354,7 +360,7 @@ impl Director {
                     Ok(None) => Err(None),
                     Ok(Some(_)) => sp::resolve(db, &host, regions)
                         .await
-                        .map(|r| (r.cell_id, r.cell_url, r.assignment_epoch))
+                        .map(|r| (r.cell_id, r.cell_url, r.assignment_epoch, None))
                         .map_err(Some),
                     Err(e) => Err(Some(AssignError::Db(e))),
                 };
@@ -367,7 +373,7 @@ impl Director {
                 AssignOptions::default(),
             )
             .await
-            .map(|g| (g.cell_id, g.cell_url, g.assignment_epoch))
+            .map(|g| (g.cell_id, g.cell_url, g.assignment_epoch, Some(g.region)))
             .map_err(Some)
         });
         let result = match task.await {
@@ -377,7 +383,7 @@ impl Director {
             )))),
         };
         match result {
-            Ok((cell_id, cell_url, epoch)) => {
+            Ok((cell_id, cell_url, epoch, home_region)) => {
                 let cfg = &self.ctx.config;
                 let lease = crypto::jwt::mint_assignment_lease(
                     cfg.secrets.assignment_signing_key.as_deref().unwrap_or(""),
@@ -399,15 +405,13 @@ impl Director {
                 }
                 let mut body =
                     json!({"v":1,"cellUrl":cell_url,"assignmentEpoch":epoch,"lease":lease});
-                if window {
-                    // §8 is not built: the window cannot be issued; the grant is returned without
-                    // `regionCorrection`, as for any failed `issue-window`.
-                    crate::logging::event("orca_relay_region_window_unavailable", json!({}));
-                }
-                if report {
-                    // No region decision is ever issued by this director (§8 not built): every
-                    // report finds none.
-                    body["regionCorrection"] = json!({"v":1,"reportStatus":"basis-changed"});
+                match self
+                    .region_correction(&host, rc, epoch, home_region, now)
+                    .await
+                {
+                    Ok(Some(v)) => body["regionCorrection"] = v,
+                    Ok(None) => {}
+                    Err(r) => return r,
                 }
                 h::json(StatusCode::OK, &body)
             }
@@ -580,45 +584,6 @@ impl Director {
 
 fn is_b64u32(s: &str) -> bool {
     crypto::b64::is_b64u32(s)
-}
-
-/// The `regionCorrection` action when the object is well-formed (§8.1), else `None`.
-fn region_correction_action(v: &serde_json::Value, regions: &[String]) -> Option<&'static str> {
-    let o = v.as_object()?;
-    if o.get("v")?.as_i64()? != 1 {
-        return None;
-    }
-    match o.get("action")?.as_str()? {
-        "issue-window" => (o.len() == 2).then_some("issue-window"),
-        "report" => {
-            let int = |k: &str| o.get(k).and_then(|x| x.as_i64()).filter(|x| *x >= 0);
-            int("generation")?;
-            int("assignmentEpoch")?;
-            if int("policyVersion")? < 1 {
-                return None;
-            }
-            match o.get("outcome")?.as_str()? {
-                "conclusive" => {
-                    let m = o.get("measurements")?.as_object()?;
-                    if m.len() < 2 || o.len() != 7 {
-                        return None;
-                    }
-                    for (k, val) in m {
-                        if !regions.contains(k) || !(0..=120_000).contains(&val.as_i64()?) {
-                            return None;
-                        }
-                    }
-                    Some("report")
-                }
-                "inconclusive" => {
-                    let r = o.get("reason")?.as_str()?;
-                    ((1..=64).contains(&r.chars().count()) && o.len() == 7).then_some("report")
-                }
-                _ => None,
-            }
-        }
-        _ => None,
-    }
 }
 
 /// `GET /v1/regions` (§3.5).

@@ -106,6 +106,13 @@ pub async fn run_once(d: &Director) {
     );
     report("evacuate-dead-cells", evacuate_dead_cells(d, now).await);
     report("credential-cleanup", credential_cleanup(d, now).await);
+    // An attempt aborted by any step (or by a forced move) disables the control, in a transaction
+    // of its own after the abort committed (§8.6).
+    match crate::rehome::service::disable_after_aborts(&d.ctx.db, now).await {
+        Ok(Some((name, fields))) => crate::logging::event(name, fields),
+        Ok(None) => {}
+        Err(e) => log::warn!("[orca-relay] assignment cleanup failed: regional-rehome-aborts {e}"),
+    }
 }
 
 /// `credential-cleanup` (protocol.md §7): expire invites (releasing their `invite-offer:*`

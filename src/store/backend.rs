@@ -104,10 +104,11 @@ impl Db {
 
     /// Opens a transaction (SQLite: `BEGIN IMMEDIATE`; Postgres: READ COMMITTED).
     pub async fn begin(&self) -> Result<Tx, DbError> {
-        Ok(match &*self.inner {
-            Inner::Sqlite(db) => Tx::Sqlite(db.begin().await?),
-            Inner::Postgres(db) => Tx::Postgres(db.begin().await?),
-        })
+        let r = match &*self.inner {
+            Inner::Sqlite(db) => db.begin().await.map(Tx::Sqlite),
+            Inner::Postgres(db) => db.begin().await.map(Tx::Postgres),
+        };
+        r.inspect_err(|e| self.waits().record_error(e))
     }
 
     /// A plain read outside any transaction (sees the latest committed state).
@@ -128,7 +129,7 @@ impl Db {
             Inner::Postgres(db) => db.read(sql, params).await,
         };
         self.observe(op, started);
-        r
+        r.inspect_err(|e| self.waits().record_error(e))
     }
 
     /// A single-statement write in its own transaction.
@@ -148,6 +149,7 @@ impl Db {
             }
             Err(e) => {
                 tx.rollback().await;
+                self.waits().record_error(&e);
                 Err(e)
             }
         }

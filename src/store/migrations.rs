@@ -129,7 +129,7 @@ pub async fn set_expiry(
     Ok(())
 }
 
-/// Marks the migration completed.
+/// Marks the migration completed, and the idle-rehome attempt that wrote it (director.md §8.6).
 pub async fn mark_completed(
     tx: &mut Tx,
     host: &HostKey,
@@ -142,6 +142,7 @@ pub async fn mark_completed(
         params![&host.user_id, &host.relay_host_id, epoch, now],
     )
     .await?;
+    super::region::complete_attempt(tx, host, epoch, now).await?;
     Ok(())
 }
 
@@ -159,6 +160,8 @@ pub async fn abort_migration(
         params![&host.user_id, &host.relay_host_id, epoch, now, reason],
     )
     .await?;
+    // Aborting the migration aborts its idle-rehome attempt with the same reason (§8.6).
+    super::region::abort_attempt(tx, host, epoch, reason, now).await?;
     Ok(())
 }
 

@@ -20,6 +20,7 @@ pub mod migrations;
 pub mod overview;
 mod postgres;
 pub mod push;
+pub mod region;
 mod sqlite;
 pub mod testing;
 mod value;

@@ -13,6 +13,12 @@ use std::time::Instant;
 pub struct WaitTracker {
     next: AtomicU64,
     inner: Mutex<Inner>,
+    /// Failed statements and transaction starts, since start-up (the safety object's
+    /// `sqlFailures`).
+    sql_failures: AtomicU64,
+    /// Connection-level failures (pool acquire, class 08, I/O): each forces a reconnect (the safety
+    /// object's `reconnects`).
+    reconnects: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -57,6 +63,22 @@ impl WaitTracker {
             waiting: inner.waiting.len() as u64,
             oldest_wait_ms: oldest,
         }
+    }
+
+    /// Counts a failed database call.
+    pub fn record_error(&self, e: &super::DbError) {
+        self.sql_failures.fetch_add(1, Ordering::Relaxed);
+        if matches!(e, super::DbError::Transient(_)) {
+            self.reconnects.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// (sql failures, reconnects) since start-up.
+    pub fn failure_totals(&self) -> (u64, u64) {
+        (
+            self.sql_failures.load(Ordering::Relaxed),
+            self.reconnects.load(Ordering::Relaxed),
+        )
     }
 
     /// Returns (max waiters, max wait ms) since the previous call and starts a new window.

@@ -482,3 +482,42 @@ pub async fn check_invariants(db: &orca_relay::store::Db) {
         .unwrap();
     assert!(bad.is_empty(), "invariant 6 broken");
 }
+
+/// A TCP proxy to Postgres that can be closed (dropping every connection) and reopened on the
+/// same port: a database cut for fault tests.
+pub struct PgProxy {
+    pub addr: std::net::SocketAddr,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl PgProxy {
+    pub async fn open(addr: std::net::SocketAddr, upstream: &str) -> PgProxy {
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let (s2, up) = (stop.clone(), upstream.to_string());
+        tokio::spawn(async move {
+            loop {
+                let (mut inbound, _) = tokio::select! {
+                    r = listener.accept() => match r { Ok(x) => x, Err(_) => continue },
+                    _ = s2.cancelled() => return,
+                };
+                let (s3, up) = (s2.clone(), up.clone());
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&up).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = s3.cancelled() => {}
+                    }
+                });
+            }
+        });
+        PgProxy { addr, stop }
+    }
+
+    pub fn close(&self) {
+        self.stop.cancel();
+    }
+}

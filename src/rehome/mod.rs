@@ -1,0 +1,36 @@
+//! Idle regional correction (director.md §8, protocol.md §13): a domain module both roles use.
+//!
+//! The director issues measurement windows, records reports, keeps the control row and dispatches
+//! attempts; the *source cell* commits and reconciles them against the shared database. Both halves
+//! need the same rules, so they live here, below the roles: [`rules`] (pure functions over plain
+//! data) and [`service`] (the transactions, composed from `store::region` primitives in the lock
+//! order of director.md §2). This module names no role and does no logging: services return the
+//! events to log, and the caller logs them after commit.
+
+pub mod rules;
+pub mod service;
+
+use crate::store::cells::CellView;
+use rules::CellFacts;
+
+/// The rehome facts of a cell view at `now`.
+pub fn cell_facts(c: &CellView, now: i64) -> CellFacts {
+    let rt = c.runtime.as_ref();
+    CellFacts {
+        cell_id: c.cell_id.clone(),
+        cell_url: c.cell_url.clone(),
+        region: c.region.clone(),
+        general: c.admission.as_str() == "general",
+        live: c.live(now),
+        headroom: c.headroom(now),
+        capped: c.capped(),
+        capacity_requests: c.capacity_requests,
+        reserved_requests: c.reserved_requests,
+        observed_requests: rt.map_or(0, |r| r.observed_requests),
+        incarnation: rt.map(|r| r.cell_incarnation.clone()),
+        started_at: rt.map(|r| r.started_at),
+        protocol: rt.map_or(0, |r| r.regional_rehome_protocol),
+        safety: rules::parse_safety(rt.and_then(|r| r.safety_json.as_deref())),
+        safety_received_at: rt.and_then(|r| r.safety_received_at),
+    }
+}

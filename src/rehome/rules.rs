@@ -1,0 +1,1142 @@
+//! The pure rules of idle regional correction (director.md §8): cohort buckets, the preference
+//! rule, report statuses, clean/current/eligible/fleet safety, the control gates, candidate
+//! validity, target choice and the attempt identity. Plain data in, answers out; `now` is always a
+//! parameter, so every rule is unit-tested without a database or a clock.
+
+use serde_json::Value as Json;
+use sha2::{Digest, Sha256};
+
+use crate::contract::wire::Safety;
+use crate::store::assignments::Lease;
+pub use crate::store::region::{AttemptRecord, Control, Decision};
+
+/// The only policy version (§8.1).
+pub const POLICY_VERSION: i64 = 1;
+/// Window lifetime: `expires_at` = issue + 24 h (§8.1).
+pub const WINDOW_TTL_MS: i64 = 86_400_000;
+/// A cell's safety is current while younger than this (§8.2).
+pub const SAFETY_CURRENT_MS: i64 = 60_000;
+/// The director's safety in a dispatch is stale beyond this age (protocol.md §13 step 1).
+pub const DIRECTOR_SAFETY_MAX_AGE_MS: i64 = 60_000;
+/// Open idle-rehome migrations allowed at once (§8.3, §8.4 3.2).
+pub const MAX_OPEN_IDLE_MIGRATIONS: i64 = 8;
+/// Arrival deadline of an idle-rehome migration (§1.2).
+pub const IDLE_ARRIVAL_MS: i64 = 300_000;
+/// Consecutive dispatch failures that disable the control (§8.3).
+pub const FAILURE_BUDGET: i64 = 3;
+/// Pause after the failure budget is spent (§8.3).
+pub const FAILURE_PAUSE_MS: i64 = 300_000;
+/// Preference rule: at least this much faster (§8.1).
+pub const PREFERENCE_MIN_GAIN_MS: i64 = 25;
+/// `attemptId` namespace (UUID v5, §8.3).
+pub const ATTEMPT_NAMESPACE: uuid::Uuid = uuid::uuid!("0a1c5a9b-197b-4ea8-b6f1-f3bcaa3d712c");
+
+/// `cohort_bucket`: the first 4 bytes (big-endian) of SHA-256 of the compact JSON pair
+/// `["<userId>","<relayHostId>"]`, mod 100. serde_json's compact writer escapes exactly `"`, `\`
+/// and control characters and writes every other character as raw UTF-8, which is the spec's form.
+pub fn cohort_bucket(user_id: &str, relay_host_id: &str) -> i64 {
+    let text = serde_json::to_string(&[user_id, relay_host_id]).unwrap_or_default();
+    let d = Sha256::digest(text.as_bytes());
+    (u32::from_be_bytes([d[0], d[1], d[2], d[3]]) % 100) as i64
+}
+
+/// The preference of an accepted conclusive report: the region R ≠ incumbent with the lowest RTT
+/// (ties: configuration order) when RTT(I) − RTT(R) ≥ 25 ms and RTT(R) ≤ 0.8 × RTT(I).
+pub fn preferred_region(
+    measurements: &[(String, i64)],
+    incumbent: &str,
+    regions: &[String],
+) -> Option<String> {
+    let rtt = |r: &str| measurements.iter().find(|(k, _)| k == r).map(|(_, v)| *v);
+    let inc = rtt(incumbent)?;
+    let mut best: Option<(&String, i64)> = None;
+    for r in regions.iter().filter(|r| r.as_str() != incumbent) {
+        if let Some(v) = rtt(r) {
+            if best.is_none_or(|(_, b)| v < b) {
+                best = Some((r, v));
+            }
+        }
+    }
+    let (r, v) = best?;
+    // RTT(R) ≤ 0.8 × RTT(I) in integers: 5·RTT(R) ≤ 4·RTT(I).
+    (inc - v >= PREFERENCE_MIN_GAIN_MS && 5 * v <= 4 * inc).then(|| r.clone())
+}
+
+/// A parsed `regionCorrection` object (§8.1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegionCorrection {
+    IssueWindow,
+    Report(Report),
+}
+
+/// A `report`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub generation: i64,
+    pub assignment_epoch: i64,
+    pub policy_version: i64,
+    pub outcome: ReportOutcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReportOutcome {
+    /// Measurements in the order they were sent.
+    Conclusive(Vec<(String, i64)>),
+    Inconclusive(String),
+}
+
+/// Strict schema of `regionCorrection`: exactly the documented keys and types; `None` = 400.
+pub fn parse_region_correction(v: &Json, regions: &[String]) -> Option<RegionCorrection> {
+    let o = v.as_object()?;
+    if o.get("v")?.as_i64()? != 1 {
+        return None;
+    }
+    let int = |k: &str| {
+        o.get(k)
+            .and_then(Json::as_i64)
+            .filter(|x| (0..=(1i64 << 53) - 1).contains(x))
+    };
+    match o.get("action")?.as_str()? {
+        "issue-window" => (o.len() == 2).then_some(RegionCorrection::IssueWindow),
+        "report" => {
+            if o.len() != 7 {
+                return None;
+            }
+            let generation = int("generation")?;
+            let assignment_epoch = int("assignmentEpoch")?;
+            let policy_version = int("policyVersion").filter(|p| *p >= 1)?;
+            let outcome = match o.get("outcome")?.as_str()? {
+                "conclusive" => {
+                    let m = o.get("measurements")?.as_object()?;
+                    if m.len() < 2 {
+                        return None;
+                    }
+                    let mut out = Vec::with_capacity(m.len());
+                    for (k, val) in m {
+                        let rtt = val.as_i64().filter(|x| (0..=120_000).contains(x))?;
+                        if !regions.contains(k) {
+                            return None;
+                        }
+                        out.push((k.clone(), rtt));
+                    }
+                    ReportOutcome::Conclusive(out)
+                }
+                "inconclusive" => {
+                    let r = o.get("reason")?.as_str()?;
+                    if !(1..=64).contains(&r.chars().count()) {
+                        return None;
+                    }
+                    ReportOutcome::Inconclusive(r.to_string())
+                }
+                _ => return None,
+            };
+            Some(RegionCorrection::Report(Report {
+                generation,
+                assignment_epoch,
+                policy_version,
+                outcome,
+            }))
+        }
+        _ => None,
+    }
+}
+
+/// `reportStatus` of §8.1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReportStatus {
+    BasisChanged,
+    Stale,
+    Expired,
+    Duplicate,
+    Accepted,
+}
+
+impl ReportStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReportStatus::BasisChanged => "basis-changed",
+            ReportStatus::Stale => "stale",
+            ReportStatus::Expired => "expired",
+            ReportStatus::Duplicate => "duplicate",
+            ReportStatus::Accepted => "accepted",
+        }
+    }
+}
+
+/// The first matching `reportStatus` for a report against the stored decision and the host's
+/// current epoch and home region.
+pub fn report_status(
+    decision: Option<&Decision>,
+    report: &Report,
+    host_epoch: i64,
+    home_region: &str,
+    now: i64,
+) -> ReportStatus {
+    let Some(d) = decision else {
+        return ReportStatus::BasisChanged;
+    };
+    let lacks_incumbent = match &report.outcome {
+        ReportOutcome::Conclusive(m) => !m.iter().any(|(k, _)| *k == d.incumbent_region),
+        ReportOutcome::Inconclusive(_) => false,
+    };
+    if report.assignment_epoch != d.assignment_epoch
+        || d.assignment_epoch != host_epoch
+        || d.incumbent_region != home_region
+        || lacks_incumbent
+    {
+        return ReportStatus::BasisChanged;
+    }
+    if report.generation != d.generation || report.policy_version != POLICY_VERSION {
+        return ReportStatus::Stale;
+    }
+    if d.expires_at <= now {
+        return ReportStatus::Expired;
+    }
+    if d.outcome != "pending" {
+        return ReportStatus::Duplicate;
+    }
+    ReportStatus::Accepted
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Safety (§8.2)
+
+/// A safety object is clean when every counter is within its bound.
+pub fn safety_clean(s: &Safety) -> bool {
+    s.sql_failures <= 3
+        && s.reconnects <= 20
+        && s.control_activity_recovery_failures == 0
+        && s.database_pool_waiting <= 2
+        && s.database_pool_wait_ms_max <= 1_000
+}
+
+/// The stored safety JSON of a runtime row, if it parses.
+pub fn parse_safety(json: Option<&str>) -> Option<Safety> {
+    serde_json::from_str(json?).ok()
+}
+
+/// Field-wise maximum of two safety objects with the older `observedAt` (protocol.md §13 step 7).
+pub fn merge_safety(a: &Safety, b: &Safety) -> Safety {
+    let opt = |x: Option<i64>, y: Option<i64>| match (x, y) {
+        (Some(x), Some(y)) => Some(x.max(y)),
+        (x, y) => x.or(y),
+    };
+    Safety {
+        observed_at: a.observed_at.min(b.observed_at),
+        sql_failures: a.sql_failures.max(b.sql_failures),
+        reconnects: a.reconnects.max(b.reconnects),
+        control_activity_recovery_failures: a
+            .control_activity_recovery_failures
+            .max(b.control_activity_recovery_failures),
+        database_pool_waiting: a.database_pool_waiting.max(b.database_pool_waiting),
+        database_pool_waiters_max: a.database_pool_waiters_max.max(b.database_pool_waiters_max),
+        database_pool_wait_ms_max: a.database_pool_wait_ms_max.max(b.database_pool_wait_ms_max),
+        database_pool_total: opt(a.database_pool_total, b.database_pool_total),
+        database_pool_idle: opt(a.database_pool_idle, b.database_pool_idle),
+        database_pool_oldest_wait_ms: opt(
+            a.database_pool_oldest_wait_ms,
+            b.database_pool_oldest_wait_ms,
+        ),
+    }
+}
+
+/// The non-negative-integer schema of a safety object (director.md §3.7, protocol.md §13).
+pub fn safety_valid(f: &Safety) -> bool {
+    let nonneg = |v: i64| (0..=(1i64 << 53) - 1).contains(&v);
+    nonneg(f.observed_at)
+        && nonneg(f.sql_failures)
+        && nonneg(f.reconnects)
+        && nonneg(f.control_activity_recovery_failures)
+        && (0..=100).contains(&f.database_pool_waiting)
+        && nonneg(f.database_pool_waiters_max)
+        && nonneg(f.database_pool_wait_ms_max)
+        && f.database_pool_total.is_none_or(nonneg)
+        && f.database_pool_idle.is_none_or(nonneg)
+        && f.database_pool_oldest_wait_ms.is_none_or(nonneg)
+}
+
+/// What the rehome rules read of a cell (built from the store's cell view by the caller).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CellFacts {
+    pub cell_id: String,
+    pub cell_url: String,
+    pub region: String,
+    pub general: bool,
+    pub live: bool,
+    pub headroom: bool,
+    pub capped: bool,
+    pub capacity_requests: i64,
+    pub reserved_requests: i64,
+    pub observed_requests: i64,
+    /// Runtime incarnation and `startedAt` (cell clock), when a runtime row exists.
+    pub incarnation: Option<String>,
+    pub started_at: Option<i64>,
+    pub protocol: i64,
+    pub safety: Option<Safety>,
+    pub safety_received_at: Option<i64>,
+}
+
+/// Safety is current when received within 60 s. The stored safety always belongs to the runtime's
+/// incarnation: a takeover nulls it (director.md §4.2).
+pub fn safety_current(c: &CellFacts, now: i64) -> bool {
+    c.safety.is_some()
+        && c.incarnation.is_some()
+        && c.safety_received_at
+            .is_some_and(|t| t > now - SAFETY_CURRENT_MS)
+}
+
+/// `general`, live, protocol ≥ 3, safety current and clean.
+pub fn rehome_eligible(c: &CellFacts, now: i64) -> bool {
+    c.general
+        && c.live
+        && c.protocol >= 3
+        && safety_current(c, now)
+        && c.safety.as_ref().is_some_and(safety_clean)
+}
+
+/// Every `general` cell with protocol ≥ 1 is live with current, clean safety.
+pub fn fleet_safe(cells: &[CellFacts], now: i64) -> bool {
+    cells
+        .iter()
+        .filter(|c| c.general && c.protocol >= 1)
+        .all(|c| c.live && safety_current(c, now) && c.safety.as_ref().is_some_and(safety_clean))
+}
+
+/// Window of the safety counters (§3.7, §8.3): the last 30 s.
+pub const SAFETY_WINDOW_MS: i64 = 30_000;
+
+/// One reading of a process's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SafetyReading {
+    /// Totals since start-up: SQL failures, reconnects, control-activity recovery failures.
+    pub totals: [i64; 3],
+    /// Callers waiting for a database connection right now.
+    pub waiting: i64,
+    /// Maxima since the previous reading: waiters, wait ms.
+    pub waiters_max: i64,
+    pub wait_ms_max: i64,
+    /// Pool size and idle connections (Postgres), the oldest current wait.
+    pub pool: Option<(i64, i64)>,
+    pub oldest_wait_ms: i64,
+}
+
+/// The last 30 s of readings, counted from start-up: a fresh process has a window (its start
+/// reading is all zeros).
+#[derive(Debug, Clone)]
+pub struct SafetyWindow {
+    samples: std::collections::VecDeque<(i64, SafetyReading)>,
+}
+
+impl SafetyWindow {
+    pub fn new(started_at: i64) -> SafetyWindow {
+        let zero = SafetyReading {
+            totals: [0; 3],
+            waiting: 0,
+            waiters_max: 0,
+            wait_ms_max: 0,
+            pool: None,
+            oldest_wait_ms: 0,
+        };
+        SafetyWindow {
+            samples: std::collections::VecDeque::from([(started_at, zero)]),
+        }
+    }
+
+    /// Adds a reading taken at `now` and returns the safety object over the last 30 s: counter
+    /// deltas against the newest reading at least 30 s old (or the start), maxima over the window.
+    pub fn record(&mut self, now: i64, r: SafetyReading) -> Safety {
+        self.samples.push_back((now, r));
+        while self.samples.len() > 2 && self.samples[1].0 <= now - SAFETY_WINDOW_MS {
+            self.samples.pop_front();
+        }
+        let base = self.samples[0].1.totals;
+        let delta = |i: usize| (r.totals[i] - base[i]).max(0);
+        let in_window = self
+            .samples
+            .iter()
+            .filter(|(t, _)| *t > now - SAFETY_WINDOW_MS);
+        let (waiters, wait_ms) = in_window.fold((0, 0), |(a, b), (_, s)| {
+            (a.max(s.waiters_max), b.max(s.wait_ms_max))
+        });
+        Safety {
+            observed_at: now,
+            sql_failures: delta(0),
+            reconnects: delta(1),
+            control_activity_recovery_failures: delta(2),
+            database_pool_waiting: r.waiting.min(100),
+            database_pool_waiters_max: waiters.max(r.waiting),
+            database_pool_wait_ms_max: wait_ms.max(r.oldest_wait_ms),
+            database_pool_total: r.pool.map(|p| p.0),
+            database_pool_idle: r.pool.map(|p| p.1),
+            database_pool_oldest_wait_ms: Some(r.oldest_wait_ms),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Control (§8.2, §1.3)
+
+/// The Control object of director.md §3.8.
+pub fn control_json(c: &Control) -> Json {
+    serde_json::json!({
+        "generation": c.generation,
+        "enabled": c.enabled,
+        "notBefore": c.not_before,
+        "ratePerMinute": c.rate_per_minute,
+        "cohortPercent": c.cohort_percent,
+        "hostCooldownMs": c.host_cooldown_ms,
+        "preferenceMaxAgeMs": c.preference_max_age_ms,
+        "nextDispatchAt": c.next_dispatch_at,
+        "pausedUntil": c.paused_until,
+        "consecutiveFailures": c.consecutive_failures,
+        "disabledReason": c.disabled_reason,
+        "updatedAt": c.updated_at,
+    })
+}
+
+/// The closed gate of the control row, if any: `control-closed` (disabled or before
+/// `not_before`), then `budget-closed` (paused or rate-limited).
+pub fn control_gate(c: &Control, now: i64) -> Option<&'static str> {
+    if !c.enabled || c.not_before > now {
+        return Some("control-closed");
+    }
+    if c.paused_until > now || c.next_dispatch_at > now {
+        return Some("budget-closed");
+    }
+    None
+}
+
+/// ⌈60 000 / rate⌉: the gap between two commits.
+pub fn dispatch_interval_ms(rate_per_minute: i64) -> i64 {
+    let r = rate_per_minute.max(1);
+    (60_000 + r - 1) / r
+}
+
+/// A valid `apply` (§3.8): the fields it writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Apply {
+    pub expected_generation: i64,
+    pub enabled: bool,
+    pub rate_per_minute: i64,
+    pub cohort_percent: i64,
+    pub host_cooldown_ms: i64,
+    pub preference_max_age_ms: i64,
+    pub not_before: i64,
+}
+
+/// A parsed control request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ControlRequest {
+    Inspect,
+    Apply(Apply),
+}
+
+/// Strict schema of `regional-rehome-control`, including the confirmation rule; `None` = 400.
+pub fn parse_control_request(v: &Json) -> Option<ControlRequest> {
+    let o = v.as_object()?;
+    if o.get("v")?.as_i64()? != 1 {
+        return None;
+    }
+    let int = |k: &str, lo: i64, hi: i64| {
+        o.get(k)
+            .and_then(Json::as_i64)
+            .filter(|x| (lo..=hi).contains(x))
+    };
+    match o.get("action")?.as_str()? {
+        "inspect" => (o.len() == 2).then_some(ControlRequest::Inspect),
+        "apply" => {
+            let allowed = [
+                "v",
+                "action",
+                "expectedGeneration",
+                "enabled",
+                "ratePerMinute",
+                "cohortPercent",
+                "hostCooldownMs",
+                "preferenceMaxAgeMs",
+                "notBefore",
+                "confirmation",
+            ];
+            if o.keys().any(|k| !allowed.contains(&k.as_str())) {
+                return None;
+            }
+            let max = (1i64 << 53) - 1;
+            let enabled = o.get("enabled")?.as_bool()?;
+            let confirmation = o.get("confirmation")?.as_str()?;
+            let want = if enabled {
+                "ENABLE_REGIONAL_REHOMING"
+            } else {
+                "DISABLE_REGIONAL_REHOMING"
+            };
+            if confirmation != want {
+                return None;
+            }
+            let not_before = match o.get("notBefore") {
+                None => 0,
+                Some(x) => x.as_i64().filter(|x| (0..=max).contains(x))?,
+            };
+            Some(ControlRequest::Apply(Apply {
+                expected_generation: int("expectedGeneration", 0, max)?,
+                enabled,
+                rate_per_minute: int("ratePerMinute", 1, 120)?,
+                cohort_percent: int("cohortPercent", 0, 100)?,
+                host_cooldown_ms: int("hostCooldownMs", 60_000, 2_592_000_000)?,
+                preference_max_age_ms: int("preferenceMaxAgeMs", 60_000, 2_592_000_000)?,
+                not_before,
+            }))
+        }
+        _ => None,
+    }
+}
+
+/// The row after a valid `apply` (generation already checked): fields written, generation bumped;
+/// enabling clears the failure count, the pause and the disabled reason.
+pub fn applied(c: &Control, a: &Apply, now: i64) -> Control {
+    let mut n = c.clone();
+    n.generation += 1;
+    n.enabled = a.enabled;
+    n.rate_per_minute = a.rate_per_minute;
+    n.cohort_percent = a.cohort_percent;
+    n.host_cooldown_ms = a.host_cooldown_ms;
+    n.preference_max_age_ms = a.preference_max_age_ms;
+    n.not_before = a.not_before;
+    if a.enabled {
+        n.consecutive_failures = 0;
+        n.paused_until = 0;
+        n.disabled_reason = None;
+    }
+    n.updated_at = now;
+    n
+}
+
+/// An automatic disable: generation bumped, `enabled` 0, the reason recorded.
+pub fn disabled(c: &Control, reason: &str, now: i64) -> Control {
+    let mut n = c.clone();
+    n.generation += 1;
+    n.enabled = false;
+    n.disabled_reason = Some(reason.to_string());
+    n.updated_at = now;
+    n
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Candidates (§8.3, §8.4)
+
+/// The decision is still a valid preference for a host at `host_epoch` whose home is in
+/// `home_region`: conclusive, preferring another region, same epoch and incumbent, policy 1,
+/// unexpired and observed within the control's maximum age.
+pub fn valid_preference(
+    d: &Decision,
+    host_epoch: i64,
+    home_region: &str,
+    preference_max_age_ms: i64,
+    now: i64,
+) -> bool {
+    d.outcome == "conclusive"
+        && d.preferred_region
+            .as_deref()
+            .is_some_and(|p| p != d.incumbent_region)
+        && d.assignment_epoch == host_epoch
+        && d.incumbent_region == home_region
+        && d.policy_version == POLICY_VERSION
+        && d.expires_at > now
+        && d.observed_at
+            .is_some_and(|o| o >= now - preference_max_age_ms)
+}
+
+/// The host's only lease, when it is the idle-capable control of the home's current process:
+/// `control:<home>:<g>` of that incarnation, `idle_regional_rehome` = 1, renewed since the process
+/// started. Returns the generation.
+pub fn idle_control_generation(leases: &[Lease], home: &CellFacts) -> Option<i64> {
+    let [l] = leases else { return None };
+    let (cell, g) = crate::store::assignments::parse_control_id(&l.activity_id)?;
+    let inc = home.incarnation.as_deref()?;
+    let started = home.started_at?;
+    (cell == home.cell_id
+        && l.cell_id == home.cell_id
+        && l.cell_incarnation.as_deref() == Some(inc)
+        && l.idle_regional_rehome
+        && l.renewed_at.is_some_and(|r| r >= started))
+    .then_some(g)
+}
+
+/// The least-loaded rehome-eligible cell of `region` with headroom and room for `units` + 1:
+/// ranking (reserved + observed) / capacity, then `cell_id`.
+pub fn choose_target<'a>(
+    cells: &'a [CellFacts],
+    region: &str,
+    units: i64,
+    now: i64,
+) -> Option<&'a CellFacts> {
+    cells
+        .iter()
+        .filter(|c| {
+            c.region == region
+                && rehome_eligible(c, now)
+                && c.headroom
+                && c.reserved_requests + units < c.capacity_requests
+        })
+        .min_by(|a, b| {
+            let la =
+                (a.reserved_requests + a.observed_requests) as i128 * b.capacity_requests as i128;
+            let lb =
+                (b.reserved_requests + b.observed_requests) as i128 * a.capacity_requests as i128;
+            la.cmp(&lb)
+                .then_with(|| a.cell_id.as_bytes().cmp(b.cell_id.as_bytes()))
+        })
+}
+
+/// The exact request a director dispatches and a cell commits (protocol.md §13).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RehomeRequest {
+    pub attempt_id: String,
+    pub user_id: String,
+    pub relay_host_id: String,
+    pub source_cell_id: String,
+    pub source_cell_incarnation: String,
+    pub source_assignment_epoch: i64,
+    pub source_generation: i64,
+    pub target_cell_id: String,
+}
+
+/// UUID v5 over `["<userId>","<relayHostId>","<sourceCellId>","<sourceCellIncarnation>",<epoch>,<generation>,"<targetCellId>"]`,
+/// so a redelivery keeps its identity.
+pub fn attempt_id(
+    user_id: &str,
+    relay_host_id: &str,
+    source_cell_id: &str,
+    source_cell_incarnation: &str,
+    source_assignment_epoch: i64,
+    source_generation: i64,
+    target_cell_id: &str,
+) -> String {
+    let name = serde_json::json!([
+        user_id,
+        relay_host_id,
+        source_cell_id,
+        source_cell_incarnation,
+        source_assignment_epoch,
+        source_generation,
+        target_cell_id
+    ])
+    .to_string();
+    uuid::Uuid::new_v5(&ATTEMPT_NAMESPACE, name.as_bytes()).to_string()
+}
+
+/// An attempt equals the request in every stored field and is not aborted (§8.5 `committed`).
+pub fn attempt_matches(a: &AttemptRecord, r: &RehomeRequest) -> bool {
+    a.attempt_id == r.attempt_id
+        && a.user_id == r.user_id
+        && a.relay_host_id == r.relay_host_id
+        && a.source_cell_id == r.source_cell_id
+        && a.source_cell_incarnation == r.source_cell_incarnation
+        && a.previous_epoch == r.source_assignment_epoch
+        && a.source_generation == r.source_generation
+        && a.target_cell_id == r.target_cell_id
+        && !a.aborted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn regions() -> Vec<String> {
+        vec!["us-central1".into(), "asia-east2".into(), "eu-west1".into()]
+    }
+
+    fn m(pairs: &[(&str, i64)]) -> Vec<(String, i64)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+
+    #[test]
+    fn cohort_bucket_hashes_the_compact_pair() {
+        // The exact text hashed is the compact JSON pair.
+        let text = serde_json::to_string(&["u", "h"]).unwrap();
+        assert_eq!(text, r#"["u","h"]"#);
+        let d = Sha256::digest(text.as_bytes());
+        let want = (u32::from_be_bytes([d[0], d[1], d[2], d[3]]) % 100) as i64;
+        assert_eq!(cohort_bucket("u", "h"), want);
+        // Escapes: quote, backslash and control characters; other characters raw UTF-8.
+        let odd = serde_json::to_string(&["a\"b\\c\u{1}é/", "x"]).unwrap();
+        assert_eq!(odd, "[\"a\\\"b\\\\c\\u0001é/\",\"x\"]");
+        for n in 0..200 {
+            let b = cohort_bucket(&format!("user-{n}"), "abcdefghijklmnop");
+            assert!((0..100).contains(&b));
+        }
+    }
+
+    #[test]
+    fn preference_needs_25ms_and_80_percent() {
+        let r = regions();
+        let us = "us-central1";
+        assert_eq!(
+            preferred_region(&m(&[(us, 125), ("asia-east2", 100)]), us, &r).as_deref(),
+            Some("asia-east2")
+        );
+        // 200 / 170: 30 ms faster but 0.85 × → none.
+        assert_eq!(
+            preferred_region(&m(&[(us, 200), ("asia-east2", 170)]), us, &r),
+            None
+        );
+        // 100 / 80: exactly 0.8 × but only 20 ms → none.
+        assert_eq!(
+            preferred_region(&m(&[(us, 100), ("asia-east2", 80)]), us, &r),
+            None
+        );
+        // 125 / 100 is exactly 25 ms and 0.8 ×: both bounds inclusive.
+        // Ties go to configuration order.
+        assert_eq!(
+            preferred_region(
+                &m(&[(us, 300), ("eu-west1", 100), ("asia-east2", 100)]),
+                us,
+                &r
+            )
+            .as_deref(),
+            Some("asia-east2")
+        );
+        // The lowest RTT wins.
+        assert_eq!(
+            preferred_region(
+                &m(&[(us, 300), ("eu-west1", 90), ("asia-east2", 100)]),
+                us,
+                &r
+            )
+            .as_deref(),
+            Some("eu-west1")
+        );
+        // Missing incumbent → none.
+        assert_eq!(
+            preferred_region(&m(&[("eu-west1", 90), ("asia-east2", 100)]), us, &r),
+            None
+        );
+    }
+
+    #[test]
+    fn region_correction_schema_is_strict() {
+        let r = regions();
+        let ok = json!({"v":1,"action":"report","generation":1,"assignmentEpoch":1,"policyVersion":1,
+            "outcome":"conclusive","measurements":{"us-central1":125,"asia-east2":100}});
+        assert!(matches!(
+            parse_region_correction(&ok, &r),
+            Some(RegionCorrection::Report(_))
+        ));
+        assert_eq!(
+            parse_region_correction(&json!({"v":1,"action":"issue-window"}), &r),
+            Some(RegionCorrection::IssueWindow)
+        );
+        let inc = json!({"v":1,"action":"report","generation":1,"assignmentEpoch":1,"policyVersion":1,
+            "outcome":"inconclusive","reason":"timeout"});
+        assert!(parse_region_correction(&inc, &r).is_some());
+        let bad = [
+            json!([]),
+            json!(null),
+            json!({"v":2,"action":"issue-window"}),
+            json!({"v":1,"action":"issue-window","x":1}),
+            json!({"v":1,"action":"nope"}),
+            json!({"v":1,"action":"report","generation":1,"assignmentEpoch":1,"policyVersion":0,
+                "outcome":"conclusive","measurements":{"us-central1":125,"asia-east2":100}}),
+            json!({"v":1,"action":"report","generation":1.5,"assignmentEpoch":1,"policyVersion":1,
+                "outcome":"conclusive","measurements":{"us-central1":125,"asia-east2":100}}),
+            json!({"v":1,"action":"report","generation":1,"assignmentEpoch":1,"policyVersion":1,
+                "outcome":"conclusive","measurements":{"us-central1":125}}),
+            json!({"v":1,"action":"report","generation":1,"assignmentEpoch":1,"policyVersion":1,
+                "outcome":"conclusive","measurements":{"us-central1":125,"mars":100}}),
+            json!({"v":1,"action":"report","generation":1,"assignmentEpoch":1,"policyVersion":1,
+                "outcome":"conclusive","measurements":{"us-central1":125,"asia-east2":120001}}),
+            json!({"v":1,"action":"report","generation":1,"assignmentEpoch":1,"policyVersion":1,
+                "outcome":"conclusive","measurements":{"us-central1":125,"asia-east2":null}}),
+            json!({"v":1,"action":"report","generation":1,"assignmentEpoch":1,"policyVersion":1,
+                "outcome":"conclusive","measurements":[125,100]}),
+            json!({"v":1,"action":"report","generation":1,"assignmentEpoch":1,"policyVersion":1,
+                "outcome":"inconclusive","reason":""}),
+            json!({"v":1,"action":"report","generation":1,"assignmentEpoch":1,"policyVersion":1,
+                "outcome":"inconclusive","reason":null}),
+            json!({"v":1,"action":"report","generation":1,"assignmentEpoch":1,"policyVersion":1,
+                "outcome":"inconclusive","reason":"x".repeat(65)}),
+            json!({"v":1,"action":"report","generation":1,"assignmentEpoch":1,"policyVersion":1,
+                "outcome":"inconclusive","reason":"x","measurements":{}}),
+            json!({"v":1,"action":"report","generation":-1,"assignmentEpoch":1,"policyVersion":1,
+                "outcome":"inconclusive","reason":"x"}),
+        ];
+        for b in bad {
+            assert_eq!(parse_region_correction(&b, &r), None, "{b}");
+        }
+    }
+
+    fn decision() -> Decision {
+        Decision {
+            generation: 2,
+            assignment_epoch: 3,
+            incumbent_region: "us-central1".into(),
+            policy_version: 1,
+            cohort_bucket: 5,
+            outcome: "pending".into(),
+            preferred_region: None,
+            expires_at: 1_000,
+            observed_at: None,
+        }
+    }
+
+    fn report(generation: i64, epoch: i64, policy: i64) -> Report {
+        Report {
+            generation,
+            assignment_epoch: epoch,
+            policy_version: policy,
+            outcome: ReportOutcome::Conclusive(m(&[("us-central1", 125), ("asia-east2", 100)])),
+        }
+    }
+
+    #[test]
+    fn report_status_first_match() {
+        use ReportStatus::*;
+        let d = decision();
+        let us = "us-central1";
+        assert_eq!(
+            report_status(None, &report(2, 3, 1), 3, us, 0),
+            BasisChanged
+        );
+        assert_eq!(
+            report_status(Some(&d), &report(2, 3, 1), 3, us, 0),
+            Accepted
+        );
+        assert_eq!(
+            report_status(Some(&d), &report(2, 4, 1), 3, us, 0),
+            BasisChanged
+        );
+        assert_eq!(
+            report_status(Some(&d), &report(2, 3, 1), 4, us, 0),
+            BasisChanged
+        );
+        assert_eq!(
+            report_status(Some(&d), &report(2, 3, 1), 3, "asia-east2", 0),
+            BasisChanged
+        );
+        let mut lacks = report(2, 3, 1);
+        lacks.outcome = ReportOutcome::Conclusive(m(&[("eu-west1", 1), ("asia-east2", 2)]));
+        assert_eq!(report_status(Some(&d), &lacks, 3, us, 0), BasisChanged);
+        assert_eq!(report_status(Some(&d), &report(1, 3, 1), 3, us, 0), Stale);
+        assert_eq!(report_status(Some(&d), &report(2, 3, 2), 3, us, 0), Stale);
+        assert_eq!(
+            report_status(Some(&d), &report(2, 3, 1), 3, us, 1_000),
+            Expired
+        );
+        let mut done = decision();
+        done.outcome = "conclusive".into();
+        assert_eq!(
+            report_status(Some(&done), &report(2, 3, 1), 3, us, 0),
+            Duplicate
+        );
+        // Basis beats stale: a moved host's old-generation report is basis-changed.
+        assert_eq!(
+            report_status(Some(&d), &report(1, 2, 2), 3, us, 0),
+            BasisChanged
+        );
+    }
+
+    fn safety() -> Safety {
+        Safety {
+            observed_at: 100,
+            ..Safety::default()
+        }
+    }
+
+    #[test]
+    fn clean_bounds() {
+        assert!(safety_clean(&safety()));
+        let cases: [fn(&mut Safety); 5] = [
+            |s| s.sql_failures = 4,
+            |s| s.reconnects = 21,
+            |s| s.control_activity_recovery_failures = 1,
+            |s| s.database_pool_waiting = 3,
+            |s| s.database_pool_wait_ms_max = 1_001,
+        ];
+        for f in cases {
+            let mut s = safety();
+            f(&mut s);
+            assert!(!safety_clean(&s), "{s:?}");
+        }
+        let mut edge = safety();
+        edge.sql_failures = 3;
+        edge.reconnects = 20;
+        edge.database_pool_waiting = 2;
+        edge.database_pool_wait_ms_max = 1_000;
+        assert!(safety_clean(&edge));
+    }
+
+    #[test]
+    fn merge_is_fieldwise_max_with_older_observation() {
+        let a = Safety {
+            observed_at: 10,
+            sql_failures: 1,
+            reconnects: 9,
+            database_pool_total: Some(4),
+            ..Safety::default()
+        };
+        let b = Safety {
+            observed_at: 5,
+            sql_failures: 3,
+            reconnects: 2,
+            database_pool_idle: Some(1),
+            ..Safety::default()
+        };
+        let m = merge_safety(&a, &b);
+        assert_eq!(m.observed_at, 5);
+        assert_eq!((m.sql_failures, m.reconnects), (3, 9));
+        assert_eq!(
+            (m.database_pool_total, m.database_pool_idle),
+            (Some(4), Some(1))
+        );
+    }
+
+    pub(crate) fn cell(id: &str, region: &str) -> CellFacts {
+        CellFacts {
+            cell_id: id.into(),
+            cell_url: format!("https://{id}.test"),
+            region: region.into(),
+            general: true,
+            live: true,
+            headroom: true,
+            capped: false,
+            capacity_requests: 100,
+            reserved_requests: 0,
+            observed_requests: 0,
+            incarnation: Some("inc".into()),
+            started_at: Some(10),
+            protocol: 3,
+            safety: Some(safety()),
+            safety_received_at: Some(1_000),
+        }
+    }
+
+    #[test]
+    fn eligibility_and_fleet_safety() {
+        let now = 1_500;
+        let c = cell("A", "us");
+        assert!(rehome_eligible(&c, now));
+        assert!(
+            !rehome_eligible(&c, 1_000 + SAFETY_CURRENT_MS),
+            "stale safety"
+        );
+        let mut p2 = c.clone();
+        p2.protocol = 2;
+        assert!(!rehome_eligible(&p2, now));
+        let mut mo = c.clone();
+        mo.general = false;
+        assert!(!rehome_eligible(&mo, now));
+        let mut dirty = c.clone();
+        dirty.safety.as_mut().unwrap().sql_failures = 9;
+        assert!(!rehome_eligible(&dirty, now));
+        // Fleet: a protocol-0 cell is ignored, a dirty protocol-1 cell fails it, a non-general
+        // cell is ignored.
+        let mut p0 = dirty.clone();
+        p0.protocol = 0;
+        assert!(fleet_safe(&[c.clone(), p0], now));
+        let mut p1 = dirty.clone();
+        p1.protocol = 1;
+        assert!(!fleet_safe(&[c.clone(), p1.clone()], now));
+        p1.general = false;
+        assert!(fleet_safe(&[c.clone(), p1], now));
+        let mut dead = c.clone();
+        dead.live = false;
+        assert!(!fleet_safe(&[c, dead], now));
+    }
+
+    #[test]
+    fn safety_window_counts_the_last_30s() {
+        let mut w = SafetyWindow::new(0);
+        let r = |f: i64, waiters: i64| SafetyReading {
+            totals: [f, 0, 0],
+            waiting: 0,
+            waiters_max: waiters,
+            wait_ms_max: 0,
+            pool: None,
+            oldest_wait_ms: 0,
+        };
+        // A fresh process counts from start-up.
+        assert_eq!(w.record(1_000, r(2, 0)).sql_failures, 2);
+        assert_eq!(w.record(15_000, r(5, 7)).sql_failures, 5);
+        let s = w.record(31_000, r(6, 0));
+        assert_eq!(s.sql_failures, 4, "against the 1 s reading");
+        assert_eq!(s.database_pool_waiters_max, 7);
+        let s = w.record(46_000, r(6, 0));
+        assert_eq!(s.sql_failures, 1, "against the 15 s reading");
+        assert_eq!(
+            s.database_pool_waiters_max, 0,
+            "the 15 s maximum left the window"
+        );
+        assert_eq!(w.record(80_000, r(6, 0)).sql_failures, 0);
+    }
+
+    #[test]
+    fn control_gates_and_apply() {
+        let mut c = Control::default();
+        assert_eq!(control_gate(&c, 10), Some("control-closed"));
+        c.enabled = true;
+        assert_eq!(control_gate(&c, 10), None);
+        c.not_before = 11;
+        assert_eq!(control_gate(&c, 10), Some("control-closed"));
+        c.not_before = 0;
+        c.next_dispatch_at = 11;
+        assert_eq!(control_gate(&c, 10), Some("budget-closed"));
+        c.next_dispatch_at = 0;
+        c.paused_until = 11;
+        assert_eq!(control_gate(&c, 10), Some("budget-closed"));
+        assert_eq!(dispatch_interval_ms(10), 6_000);
+        assert_eq!(dispatch_interval_ms(7), 8_572);
+        assert_eq!(dispatch_interval_ms(120), 500);
+
+        let mut d = disabled(&c, "failure-budget", 5);
+        d.consecutive_failures = 3;
+        assert_eq!((d.generation, d.enabled), (1, false));
+        assert_eq!(d.disabled_reason.as_deref(), Some("failure-budget"));
+        let a = Apply {
+            expected_generation: 1,
+            enabled: true,
+            rate_per_minute: 60,
+            cohort_percent: 100,
+            host_cooldown_ms: 60_000,
+            preference_max_age_ms: 60_000,
+            not_before: 0,
+        };
+        let e = applied(&d, &a, 6);
+        assert_eq!(e.generation, 2);
+        assert_eq!((e.consecutive_failures, e.paused_until), (0, 0));
+        assert_eq!(e.disabled_reason, None);
+    }
+
+    #[test]
+    fn control_schema_and_confirmation() {
+        let ok = json!({"v":1,"action":"apply","expectedGeneration":0,"enabled":true,"ratePerMinute":10,
+            "cohortPercent":100,"hostCooldownMs":60000,"preferenceMaxAgeMs":60000,
+            "confirmation":"ENABLE_REGIONAL_REHOMING"});
+        assert!(matches!(
+            parse_control_request(&ok),
+            Some(ControlRequest::Apply(Apply { not_before: 0, .. }))
+        ));
+        assert_eq!(
+            parse_control_request(&json!({"v":1,"action":"inspect"})),
+            Some(ControlRequest::Inspect)
+        );
+        let mut wrong = ok.clone();
+        wrong["confirmation"] = json!("DISABLE_REGIONAL_REHOMING");
+        let mut dis = ok.clone();
+        dis["enabled"] = json!(false);
+        let mut dis_ok = dis.clone();
+        dis_ok["confirmation"] = json!("DISABLE_REGIONAL_REHOMING");
+        assert!(parse_control_request(&dis_ok).is_some());
+        let mut nb = ok.clone();
+        nb["notBefore"] = json!(null);
+        let mut extra = ok.clone();
+        extra["x"] = json!(1);
+        let mut rate = ok.clone();
+        rate["ratePerMinute"] = json!(121);
+        let mut cohort = ok.clone();
+        cohort["cohortPercent"] = json!(101);
+        let mut cool = ok.clone();
+        cool["hostCooldownMs"] = json!(59_999);
+        let mut age = ok.clone();
+        age["preferenceMaxAgeMs"] = json!(2_592_000_001i64);
+        let mut missing = ok.clone();
+        missing.as_object_mut().unwrap().remove("ratePerMinute");
+        for b in [
+            wrong,
+            dis,
+            nb,
+            extra,
+            rate,
+            cohort,
+            cool,
+            age,
+            missing,
+            json!([]),
+            json!({"v":1,"action":"inspect","x":1}),
+            json!({"v":1,"action":"inspect","expectedGeneration":null}),
+        ] {
+            assert_eq!(parse_control_request(&b), None, "{b}");
+        }
+    }
+
+    #[test]
+    fn preference_validity_and_idle_control() {
+        let mut d = decision();
+        d.outcome = "conclusive".into();
+        d.preferred_region = Some("asia-east2".into());
+        d.observed_at = Some(500);
+        assert!(valid_preference(&d, 3, "us-central1", 1_000, 600));
+        assert!(!valid_preference(&d, 4, "us-central1", 1_000, 600));
+        assert!(!valid_preference(&d, 3, "asia-east2", 1_000, 600));
+        assert!(!valid_preference(&d, 3, "us-central1", 50, 600), "too old");
+        assert!(
+            !valid_preference(&d, 3, "us-central1", 1_000, 1_000),
+            "expired"
+        );
+        d.preferred_region = None;
+        assert!(!valid_preference(&d, 3, "us-central1", 1_000, 600));
+
+        let home = cell("A", "us");
+        let lease = Lease {
+            activity_id: "control:A:4".into(),
+            kind: crate::model::LeaseKind::Control,
+            cell_id: "A".into(),
+            request_units: 1,
+            expires_at: 0,
+            control_generation: Some(4),
+            cell_incarnation: Some("inc".into()),
+            idle_regional_rehome: true,
+            renewed_at: Some(10),
+        };
+        assert_eq!(
+            idle_control_generation(std::slice::from_ref(&lease), &home),
+            Some(4)
+        );
+        let mut not_idle = lease.clone();
+        not_idle.idle_regional_rehome = false;
+        assert_eq!(idle_control_generation(&[not_idle], &home), None);
+        let mut old = lease.clone();
+        old.renewed_at = Some(9);
+        assert_eq!(idle_control_generation(&[old], &home), None);
+        let mut other_inc = lease.clone();
+        other_inc.cell_incarnation = Some("x".into());
+        assert_eq!(idle_control_generation(&[other_inc], &home), None);
+        let splice = Lease {
+            activity_id: "splice:c1".into(),
+            kind: crate::model::LeaseKind::Splice,
+            ..lease.clone()
+        };
+        assert_eq!(
+            idle_control_generation(&[lease, splice], &home),
+            None,
+            "busy"
+        );
+    }
+
+    #[test]
+    fn target_is_least_loaded_eligible_with_room() {
+        let now = 1_500;
+        let mut b = cell("B", "asia");
+        b.reserved_requests = 50;
+        let c = cell("C", "asia");
+        let mut d = cell("D", "asia");
+        d.headroom = false;
+        let a = cell("A", "us");
+        let cells = vec![a, b.clone(), c, d];
+        assert_eq!(choose_target(&cells, "asia", 1, now).unwrap().cell_id, "C");
+        let mut full = cells.clone();
+        full[2].reserved_requests = 99;
+        assert_eq!(choose_target(&full, "asia", 1, now).unwrap().cell_id, "B");
+        full[1].reserved_requests = 99;
+        assert!(choose_target(&full, "asia", 1, now).is_none());
+    }
+
+    #[test]
+    fn attempt_id_is_stable_v5() {
+        let a = attempt_id("u", "h", "A", "inc", 1, 2, "C");
+        assert_eq!(a, attempt_id("u", "h", "A", "inc", 1, 2, "C"));
+        assert_ne!(a, attempt_id("u", "h", "A", "inc", 1, 3, "C"));
+        let u = uuid::Uuid::parse_str(&a).unwrap();
+        assert_eq!(u.get_version_num(), 5);
+        let name = r#"["u","h","A","inc",1,2,"C"]"#;
+        assert_eq!(u, uuid::Uuid::new_v5(&ATTEMPT_NAMESPACE, name.as_bytes()));
+    }
+}
