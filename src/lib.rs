@@ -7,6 +7,8 @@
 // Handlers return `Result<_, Response>` to short-circuit with the exact spec answer; a boxed
 // response would only add an allocation on error paths.
 #![allow(clippy::result_large_err)]
+// No unsafe anywhere in the relay: the only `libc` calls (signals to child processes) are in tests.
+#![forbid(unsafe_code)]
 
 pub mod app;
 pub mod cell;
@@ -20,7 +22,9 @@ pub mod http;
 pub mod leg;
 pub mod logging;
 pub mod metrics;
+pub mod model;
 pub mod push;
 pub mod readiness;
 pub mod server;
 pub mod store;
+pub mod sync;

@@ -1,5 +1,7 @@
 //! `orca-relay`: serve, migrate, admin and host-token commands (operations.md §5).
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};

@@ -50,7 +50,7 @@ impl Readiness {
     }
 
     fn cached(&self) -> Option<Verdict> {
-        let st = self.state.lock().unwrap();
+        let st = crate::sync::lock(&self.state);
         st.cached
             .filter(|(at, _)| at.elapsed() < Duration::from_millis(READINESS_CACHE_MS))
             .map(|(_, v)| v)
@@ -69,7 +69,7 @@ impl Readiness {
             .await
             .map(|r| r.is_ok())
             .unwrap_or(false);
-        let mut st = self.state.lock().unwrap();
+        let mut st = crate::sync::lock(&self.state);
         let now = Instant::now();
         let verdict = if ok {
             st.last_ok = Some(now);

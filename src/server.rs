@@ -261,6 +261,27 @@ fn wait_for_signal() -> impl std::future::Future<Output = ()> {
     }
 }
 
+/// Pause after a failed `accept` before the next one.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// The next accepted connection. An accept error (EMFILE, ENFILE, ECONNABORTED, …) is logged and
+/// retried after [`ACCEPT_BACKOFF`]: a listener out of descriptors must not spin a core.
+pub async fn accept_with_backoff<T, F, Fut>(mut accept: F, what: &str) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::io::Result<T>>,
+{
+    loop {
+        match accept().await {
+            Ok(x) => return x,
+            Err(e) => {
+                log::warn!("[orca-relay] {what} accept failed: {e}");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+            }
+        }
+    }
+}
+
 async fn accept_loop(
     listener: TcpListener,
     ctx: Ctx,
@@ -274,15 +295,7 @@ async fn accept_loop(
         crate::contract::limits::HTTP_CONNECTIONS_MAX,
     ));
     loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(x) => x,
-            Err(e) => {
-                // EMFILE and friends: back off briefly instead of spinning.
-                log::warn!("[orca-relay] accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+        let (stream, peer) = accept_with_backoff(|| listener.accept(), "listener").await;
         // Bounded HTTP connections: over the bound the socket is closed at once (its fd freed).
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             drop(stream);
@@ -538,9 +551,7 @@ async fn spawn_metrics_listener(ctx: Ctx, addr: SocketAddr) -> Result<(), String
     tokio::spawn(async move {
         let svc = warp::service(filter);
         loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
+            let (stream, _) = accept_with_backoff(|| listener.accept(), "metrics listener").await;
             let svc = svc.clone();
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
@@ -554,4 +565,35 @@ async fn spawn_metrics_listener(ctx: Ctx, addr: SocketAddr) -> Result<(), String
         }
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A listener whose accept keeps failing waits between attempts instead of spinning (both the
+    /// main and the metrics listener use this loop).
+    #[tokio::test(start_paused = true)]
+    async fn accept_errors_back_off() {
+        let started = tokio::time::Instant::now();
+        let mut calls = 0u32;
+        let got = accept_with_backoff(
+            || {
+                calls += 1;
+                let n = calls;
+                async move {
+                    if n <= 10 {
+                        Err(std::io::Error::other("EMFILE"))
+                    } else {
+                        Ok(n)
+                    }
+                }
+            },
+            "test",
+        )
+        .await;
+        assert_eq!(got, 11);
+        assert_eq!(calls, 11);
+        assert!(started.elapsed() >= ACCEPT_BACKOFF * 10);
+    }
 }

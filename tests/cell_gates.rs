@@ -155,7 +155,7 @@ async fn activate_control_wrong_assignment_leaves_no_activity() {
         assert!(leases.is_empty(), "no activity left behind");
         let row = store::read_row(&t.db, &host).await.unwrap().expect("row");
         assert_eq!(row.assignment_epoch, 3, "assignment untouched");
-        assert_eq!(row.counters, [0; 6], "nothing charged");
+        assert!(row.counters.is_zero(), "nothing charged");
     }
 }
 

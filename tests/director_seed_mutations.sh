@@ -15,7 +15,7 @@ export CARGO_TARGET_DIR=${ORCA_MUT_TARGET_DIR:-/tmp/orca-mut-target}
 unset ORCA_RELAY_TEST_POSTGRES_URL
 cp -r src /tmp/orca-mut-src.orig
 P=src/director/placement.rs
-S=src/store/placement.rs
+S=src/director/assign.rs
 
 # run NAME FILE OLD NEW [FILE OLD NEW]...
 run() {

@@ -5,10 +5,11 @@
 mod director_common;
 
 use director_common::check_invariants;
-use orca_relay::director::liveness::Admission;
+use orca_relay::director::assign::{assign, AssignError, AssignOptions};
+use orca_relay::model::Admission;
+use orca_relay::model::{BeatTelemetry, LeaseCounts};
 use orca_relay::store::assignments::*;
 use orca_relay::store::cells::{self, Beat, CellSpec};
-use orca_relay::store::placement::{assign, AssignError, AssignOptions};
 use orca_relay::store::testing::backends;
 use orca_relay::store::Db;
 
@@ -48,7 +49,7 @@ async fn cell(db: &Db, id: &str, capacity: i64, capped: bool) {
 }
 
 async fn beat(db: &Db, id: &str, capped: bool, watermark: i64) {
-    cells::heartbeat(
+    orca_relay::director::heartbeat::apply(
         db,
         &Beat {
             cell_id: id.into(),
@@ -58,7 +59,15 @@ async fn beat(db: &Db, id: &str, capped: bool, watermark: i64) {
             started_at: 1,
             ready: true,
             observed_requests: 0,
-            telemetry: capped.then_some([0, 0, 0, 0, 600, 0, watermark]),
+            telemetry: capped.then_some(BeatTelemetry {
+                total_connections: 0,
+                in_flight_connections: 0,
+                reserved_connection_units: 0,
+                enforced_connection_units: 0,
+                connection_hard_cap: 600,
+                connection_unobserved_bound: 0,
+                connection_inclusion_watermark: watermark,
+            }),
         },
         now(),
     )
@@ -360,7 +369,17 @@ async fn acquire_release_and_validation() {
         assert_eq!(reserved(db, "A").await, 6);
         check_invariants(db).await;
         let row = read_row(db, &h).await.unwrap().unwrap();
-        assert_eq!(row.counters, [1, 1, 1, 1, 1, 0]);
+        assert_eq!(
+            row.counters,
+            LeaseCounts {
+                controls: 1,
+                splices: 1,
+                invites: 1,
+                installs: 1,
+                confirmations: 1,
+                migrations: 0
+            }
+        );
         assert!(row.lease_expires_at >= n + 600_000);
         release_activity(db, &h, "splice:c1", n).await.unwrap();
         release_activity(db, &h, "splice:c1", n).await.unwrap();
@@ -369,7 +388,17 @@ async fn acquire_release_and_validation() {
             .unwrap();
         assert_eq!(reserved(db, "A").await, 4);
         let row = read_row(db, &h).await.unwrap().unwrap();
-        assert_eq!(row.counters, [1, 0, 1, 1, 1, 0]);
+        assert_eq!(
+            row.counters,
+            LeaseCounts {
+                controls: 1,
+                splices: 0,
+                invites: 1,
+                installs: 1,
+                confirmations: 1,
+                migrations: 0
+            }
+        );
         assert!(
             row.lease_expires_at >= n + 600_000,
             "never lowered between moves"

@@ -383,14 +383,15 @@ async fn handshake(
                 (close::PEER_DROPPED, reason::REPLACED_BY_NEWER_GENERATION),
             );
         }
-        cell.signed_out
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .forget(key);
+        crate::sync::lock(&cell.signed_out).forget(key);
         let ack = hello_ack(&session.lock(), pending_details);
         (session, ack)
     };
     if ws.send(Message::text(ack.to_string())).await.is_err() {
+        // The session is installed before the ack (the ack carries its state). A socket that dies
+        // before the ack reaches it is a control that closed at once: orphan grace (§4.5), so the
+        // session never stays registered with a dead control and no timer.
+        on_control_closed(cell, &session, sock_id, None);
         return Err(Fail::Gone);
     }
     logging::event(
@@ -548,10 +549,7 @@ fn on_control_closed(
     let seq = st.orphan_seq;
     drop(st);
     if host_reason == Some(reason::SIGNED_OUT) {
-        cell.signed_out
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remember(session.key.clone(), now_ms());
+        crate::sync::lock(&cell.signed_out).remember(session.key.clone(), now_ms());
     }
     let cell = cell.clone();
     let session = session.clone();

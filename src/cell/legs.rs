@@ -41,7 +41,7 @@ fn preauth(
 ) -> Option<String> {
     let capacity_ok = match &cell.ledger {
         Some(l) => {
-            let l = l.lock().unwrap_or_else(|e| e.into_inner());
+            let l = crate::sync::lock(l);
             l.physical() < l.normal_limit()
         }
         None => {
@@ -178,16 +178,10 @@ async fn control_gates(
     }
     // Gate 5: connection capacity.
     let watermark = match &cell.ledger {
-        Some(l) => {
-            match l
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .reserve_control(rebind_over_live)
-            {
-                Some(w) => Some(w),
-                None => return ws::refuse(StatusCode::SERVICE_UNAVAILABLE),
-            }
-        }
+        Some(l) => match crate::sync::lock(l).reserve_control(rebind_over_live) {
+            Some(w) => Some(w),
+            None => return ws::refuse(StatusCode::SERVICE_UNAVAILABLE),
+        },
         None => {
             if cell.open.load(Ordering::Relaxed) >= cell.ctx.config.max_connections {
                 return ws::refuse(StatusCode::TOO_MANY_REQUESTS);

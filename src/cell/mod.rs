@@ -177,13 +177,11 @@ impl Cell {
     }
 
     pub fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
-        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.registry)
     }
 
     pub fn with_ledger<T>(&self, f: impl FnOnce(&mut Ledger) -> T) -> Option<T> {
-        self.ledger
-            .as_ref()
-            .map(|l| f(&mut l.lock().unwrap_or_else(|e| e.into_inner())))
+        self.ledger.as_ref().map(|l| f(&mut crate::sync::lock(l)))
     }
 
     /// §13 idle-work token hook: true while an idle cutover holds the host's admission gate.

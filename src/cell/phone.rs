@@ -373,11 +373,7 @@ async fn admit(
 
 /// Step-5 rejection: 4404 `relay connection rejected`, or `signed-out` when remembered (§5.3).
 fn offline(cell: &Cell, key: &HostKey) -> (u16, &'static str) {
-    let signed_out = cell
-        .signed_out
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .is_signed_out(key, now_ms());
+    let signed_out = crate::sync::lock(&cell.signed_out).is_signed_out(key, now_ms());
     (
         close::HOST_OFFLINE,
         if signed_out {

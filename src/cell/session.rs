@@ -100,7 +100,7 @@ pub struct Session {
 
 impl Session {
     pub fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.inner)
     }
 }
 

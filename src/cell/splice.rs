@@ -40,7 +40,6 @@ pub struct Limits {
     pub high_water: usize,
     pub direction_max: usize,
     pub wedge: Duration,
-    pub recheck: Duration,
 }
 
 impl Default for Limits {
@@ -50,7 +49,6 @@ impl Default for Limits {
             high_water: limits::SPLICE_HIGH_WATER,
             direction_max: limits::SPLICE_OVERFLOW_DIRECTION_MAX,
             wedge: Duration::from_millis(limits::WEDGE_TIMEOUT_MS),
-            recheck: Duration::from_millis(25),
         }
     }
 }
@@ -70,13 +68,14 @@ impl Budget {
         }
     }
     /// Charges `n` bytes; false (nothing charged) when the process total would exceed the max.
+    /// A compare-and-swap loop: a refused charger never shows a transient total to the others
+    /// (add-then-undo would refuse a concurrent charger whose real total was under the max).
     fn charge(&self, n: usize) -> bool {
-        let prev = self.used.fetch_add(n, Ordering::Relaxed);
-        if prev + n > self.max {
-            self.used.fetch_sub(n, Ordering::Relaxed);
-            return false;
-        }
-        true
+        self.used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                used.checked_add(n).filter(|total| *total <= self.max)
+            })
+            .is_ok()
     }
     fn refund(&self, n: usize) {
         self.used.fetch_sub(n, Ordering::Relaxed);
@@ -148,6 +147,8 @@ pub struct Stats {
     pub frames_to_phone: u64,
     pub bytes_to_host: u64,
     pub bytes_to_phone: u64,
+    /// Times the splice task was polled (wake-ups), for tests of the timer policy.
+    pub polls: u64,
 }
 
 /// One direction's queues.
@@ -336,7 +337,9 @@ where
     let mut kill_live = true;
     let mut up_first = false;
     let mut timer: Option<Pin<Box<Sleep>>> = None;
+    let mut polls = 0u64;
     let end = poll_fn(|cx| {
+        polls += 1;
         if kill_live {
             match Pin::new(&mut *kill).poll(cx) {
                 Poll::Ready(Ok((code, r))) => return Poll::Ready(End::Killed(code, r)),
@@ -358,21 +361,24 @@ where
                 return Poll::Ready(end);
             }
         }
-        // Wedge timer and the 25 ms low-water re-check, only while something overflows.
+        // The wedge deadline, only while something overflows. No periodic re-check: every path
+        // that leaves overflow queued ends on a `Pending` from the target writer, which registered
+        // this task's waker, so room in the writer wakes the splice by itself.
         let since = match (up.overflow_since, down.overflow_since) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
         if let Some(since) = since {
-            let now = Instant::now();
-            if now.duration_since(since) >= limits.wedge {
+            let deadline = since + limits.wedge;
+            if Instant::now() >= deadline {
                 return Poll::Ready(End::Wedged);
             }
-            let at = (now + limits.recheck).min(since + limits.wedge);
-            let t = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
-            t.as_mut().reset(at);
+            let t = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            if t.deadline() != deadline {
+                t.as_mut().reset(deadline);
+            }
             if t.as_mut().poll(cx).is_ready() {
-                cx.waker().wake_by_ref();
+                return Poll::Ready(End::Wedged);
             }
         }
         Poll::Pending
@@ -385,6 +391,7 @@ where
         frames_to_phone: down.frames,
         bytes_to_host: up.bytes,
         bytes_to_phone: down.bytes,
+        polls,
     };
     (end, stats)
 }
@@ -569,6 +576,63 @@ mod tests {
         assert_eq!(budget.used(), 0);
         drop(phone);
         sender.abort();
+    }
+
+    /// While a stalled reader keeps one direction overflowing, the splice sleeps until the wedge
+    /// deadline: no periodic wake-ups (a 25 ms re-check would poll it ~400 times in 10 s).
+    #[tokio::test(start_paused = true)]
+    async fn overflowing_splice_sleeps_until_the_wedge_deadline() {
+        let budget = std::sync::Arc::new(Budget::default());
+        let limits = Limits {
+            wedge: Duration::from_secs(10),
+            ..Limits::default()
+        };
+        let r = rig(16 * 1024, limits, budget.clone()).await;
+        let Rig {
+            phone,
+            mut host,
+            task,
+            kill: _kill,
+        } = r;
+        let sender = tokio::spawn(async move {
+            let chunk = vec![7u8; 64 * 1024];
+            for _ in 0..1024 {
+                if host.send(Message::binary(chunk.clone())).await.is_err() {
+                    break;
+                }
+            }
+            host
+        });
+        let started = Instant::now();
+        let (end, stats) = task.await.unwrap();
+        assert_eq!(end, End::Wedged);
+        assert!(started.elapsed() >= Duration::from_secs(10));
+        assert!(stats.polls < 100, "{} wake-ups", stats.polls);
+        drop(phone);
+        sender.abort();
+    }
+
+    /// A charger that is refused must not make a concurrent charger fail whose real total stays
+    /// under the max (add-then-undo showed the refused amount to the others for a moment).
+    #[test]
+    fn refused_charge_never_refuses_a_concurrent_one() {
+        let budget = std::sync::Arc::new(Budget::new(10));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let greedy = {
+            let (budget, stop) = (budget.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    assert!(!budget.charge(11));
+                }
+            })
+        };
+        for _ in 0..200_000 {
+            assert!(budget.charge(5), "5 of 10 refused");
+            budget.refund(5);
+        }
+        stop.store(true, Ordering::Relaxed);
+        greedy.join().unwrap();
+        assert_eq!(budget.used(), 0);
     }
 
     #[tokio::test]

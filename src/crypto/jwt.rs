@@ -1109,7 +1109,7 @@ MWjutk7UZUB6x9m346m3sOsj/CO5s77hkoscYGP+QIl+5lAP86ln5l8Z
                             }
                         }
                         h.fetch_add(1, Ordering::SeqCst);
-                        let body = b.lock().unwrap().clone();
+                        let body = crate::sync::lock(&b).clone();
                         let response = format!(
                             "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                             body.len()
@@ -1123,7 +1123,7 @@ MWjutk7UZUB6x9m346m3sOsj/CO5s77hkoscYGP+QIl+5lAP86ln5l8Z
         }
 
         fn set_keys(&self, keys: Vec<Value>) {
-            *self.body.lock().unwrap() = json!({ "keys": keys }).to_string();
+            *crate::sync::lock(&self.body) = json!({ "keys": keys }).to_string();
         }
 
         fn hits(&self) -> usize {

@@ -14,15 +14,19 @@ use warp::filters::BoxedFilter;
 use warp::Filter;
 
 use super::liveness::{Admission, CellView};
-use super::placement::HostView;
+use super::migrate::migration_json;
+use super::placement::{dormant, HostView};
 use super::routes::{bytes, db_unavailable, post};
 use super::Director;
+use crate::clock;
 use crate::contract::validate::{check_origin, is_cell_id, is_opaque_id};
 use crate::http::{self as h, Body, Response};
-use crate::store::assignments::{AssignmentRow, HostKey, Lease, OpenMigration};
+use crate::model::HostKey;
 use crate::store::cells::{self, CellError, CellSpec, Reader, Which};
-use crate::store::{Db, DbError};
-use crate::{clock, params};
+use crate::store::{migrations, overview, Db, DbError};
+
+/// The overview's window for regional-rehome attempts (operations.md §3: the last 24 h).
+const OVERVIEW_WINDOW_MS: i64 = 86_400_000;
 
 pub fn routes(d: Arc<Director>) -> BoxedFilter<(Response,)> {
     macro_rules! admin {
@@ -270,7 +274,14 @@ impl Director {
             return h::bad_request();
         }
         let inc = r.cell_incarnation.to_ascii_lowercase();
-        match cells::attest_fence(&self.ctx.db, &r.cell_id, &inc, clock::now_ms()).await {
+        let now = clock::now_ms();
+        let fence = crate::model::Fence {
+            cell_incarnation: inc,
+            attested_at: now,
+            expires_at: now + super::liveness::FENCE_TTL_MS,
+        };
+        let heard_by = now - super::liveness::HEARTBEAT_TTL_MS;
+        match cells::attest_fence(&self.ctx.db, &r.cell_id, &fence, heard_by).await {
             Ok(f) => h::json(
                 StatusCode::OK,
                 &json!({"v":1,"fence":{"cellId":r.cell_id,"cellIncarnation":f.cell_incarnation,
@@ -303,48 +314,23 @@ impl Director {
             None => Which::All,
         };
         let views = cells::views(Reader::Db(db), which, false).await?;
-        let counts = db
-            .query(
-                "SELECT cell_id, COUNT(*) FROM relay_assignments GROUP BY cell_id",
-                &[],
-            )
-            .await?;
-        let mig_in = db
-            .query(
-                "SELECT target_cell_id, COUNT(*) FROM relay_assignment_migrations \
-                 WHERE completed_at IS NULL AND aborted_at IS NULL GROUP BY target_cell_id",
-                &[],
-            )
-            .await?;
-        let mig_out = db
-            .query(
-                "SELECT source_cell_id, COUNT(*) FROM relay_assignment_migrations \
-                 WHERE completed_at IS NULL AND aborted_at IS NULL GROUP BY source_cell_id",
-                &[],
-            )
-            .await?;
-        let times = db
-            .query(
-                "SELECT cell_id, created_at, updated_at, admission_changed_at FROM relay_cells",
-                &[],
-            )
-            .await?;
-        let count = |rows: &[crate::store::Row], id: &str| {
-            rows.iter().find(|r| r.str(0) == id).map_or(0, |r| r.i64(1))
+        let counts = overview::cell_counts(db).await?;
+        let count = |rows: &[(String, i64)], id: &str| {
+            rows.iter().find(|(c, _)| c == id).map_or(0, |(_, n)| *n)
         };
         let now = clock::now_ms();
         Ok(views
             .iter()
             .map(|c| {
-                let t = times.iter().find(|r| r.str(0) == c.cell_id);
+                let t = counts.times.iter().find(|(id, ..)| *id == c.cell_id);
                 cell_json(
                     c,
                     now,
-                    count(&counts, &c.cell_id),
-                    count(&mig_in, &c.cell_id),
-                    count(&mig_out, &c.cell_id),
-                    t.map_or(0, |r| r.i64(1)),
-                    t.map_or(0, |r| r.i64(2)),
+                    count(&counts.assignments, &c.cell_id),
+                    count(&counts.migrations_in, &c.cell_id),
+                    count(&counts.migrations_out, &c.cell_id),
+                    t.map_or(0, |t| t.1),
+                    t.map_or(0, |t| t.2),
                 )
             })
             .collect())
@@ -441,63 +427,20 @@ fn cell_json(
     })
 }
 
-use crate::store::migrations::{migration_json, MIGRATION_COLUMNS};
-
 /// HostView objects of `relay_host_id` (optionally one user), by `userId`.
 async fn host_views(
     db: &Db,
     relay_host_id: &str,
     user: Option<&str>,
 ) -> Result<Vec<Json>, DbError> {
-    let rows = db
-        .query(
-            &format!(
-                "SELECT user_id, {} FROM relay_assignments WHERE relay_host_id = $1 \
-                 AND (CAST($2 AS TEXT) IS NULL OR user_id = CAST($2 AS TEXT)) ORDER BY user_id",
-                crate::store::assignments::ROW_COLUMNS
-            ),
-            params![relay_host_id, user],
-        )
-        .await?;
+    let rows = overview::host_rows(db, relay_host_id, user).await?;
     let now = clock::now_ms();
     let mut out = Vec::new();
-    for r in rows {
-        let user_id = r.str(0);
-        let row = AssignmentRow::from_row(&crate::store::Row(r.0[1..].to_vec()));
-        let host = HostKey {
-            user_id: user_id.clone(),
-            relay_host_id: relay_host_id.to_string(),
-        };
-        let leases: Vec<Lease> = db
-            .query(
-                &format!(
-                    "SELECT {} FROM relay_assignment_activity_leases WHERE user_id = $1 AND relay_host_id = $2 ORDER BY activity_id",
-                    crate::store::assignments::LEASE_COLUMNS
-                ),
-                params![&host.user_id, &host.relay_host_id],
-            )
-            .await?
-            .iter()
-            .map(Lease::from_row)
-            .collect();
-        let mig = db
-            .query(
-                &format!(
-                    "SELECT {MIGRATION_COLUMNS} FROM relay_assignment_migrations WHERE user_id = $1 AND relay_host_id = $2 \
-                     AND completed_at IS NULL AND aborted_at IS NULL"
-                ),
-                params![&host.user_id, &host.relay_host_id],
-            )
-            .await?;
-        let open_migration = mig.first().map(|m| OpenMigration {
-            assignment_epoch: m.i64(6),
-            kind: m.str(2),
-            source_cell_id: m.str(3),
-            target_cell_id: m.str(4),
-            previous_epoch: m.i64(5),
-            target_registered_at: m.opt_i64(11),
-            created_at: m.i64(15),
-        });
+    for (host, row) in rows {
+        let user_id = host.user_id.clone();
+        let leases = overview::leases(db, &host).await?;
+        let mig = migrations::read_open(db, &host).await?;
+        let open_migration = mig.as_ref().map(|m| m.open());
         let home = cells::view(db, &row.cell_id).await?;
         let hv = HostView {
             row,
@@ -513,12 +456,13 @@ async fn host_views(
             "lastActivityAt": r.last_activity_at,
             "dormant": hv.dormant(now),
             "requestUnits": hv.units(),
-            "counters": {"controls": r.counters[0], "splices": r.counters[1], "invites": r.counters[2],
-                "installs": r.counters[3], "confirmations": r.counters[4], "migrations": r.counters[5]},
+            "counters": {"controls": r.counters.controls, "splices": r.counters.splices,
+                "invites": r.counters.invites, "installs": r.counters.installs,
+                "confirmations": r.counters.confirmations, "migrations": r.counters.migrations},
             "preferredRegion": r.preferred_region,
-            "leases": hv.leases.iter().map(|l| json!({"activityId": l.activity_id, "kind": l.kind,
+            "leases": hv.leases.iter().map(|l| json!({"activityId": l.activity_id, "kind": l.kind.as_str(),
                 "cellId": l.cell_id, "requestUnits": l.request_units, "expiresAt": l.expires_at})).collect::<Vec<_>>(),
-            "openMigration": mig.first().map(migration_json),
+            "openMigration": mig.as_ref().map(migration_json),
             "home": {
                 "live": home.as_ref().is_some_and(|c| c.live(now)),
                 "cause": super::liveness::cause(home.as_ref(), now).map(|c| c.as_str()),
@@ -532,8 +476,8 @@ async fn host_views(
     Ok(out)
 }
 
-fn migration_error(e: crate::store::migrations::MigrationError) -> Response {
-    use crate::store::migrations::MigrationError as E;
+fn migration_error(e: super::migrate::MigrationError) -> Response {
+    use super::migrate::MigrationError as E;
     match e {
         E::CellNotFound => not_found(),
         E::Refused(c) => conflict(c),
@@ -558,7 +502,7 @@ impl Director {
             user_id: r.user_id,
             relay_host_id: r.relay_host_id,
         };
-        match crate::store::migrations::evacuate(
+        match super::migrate::evacuate(
             &self.ctx.db,
             &host,
             Some(&r.target_cell_id),
@@ -583,7 +527,7 @@ impl Director {
         {
             return h::bad_request();
         }
-        match crate::store::migrations::evacuate_cell(
+        match super::migrate::evacuate_cell(
             &self.ctx.db,
             &r.source_cell_id,
             r.target_cell_id.as_deref(),
@@ -616,13 +560,8 @@ impl Director {
             user_id: r.user_id,
             relay_host_id: r.relay_host_id,
         };
-        match crate::store::migrations::complete(
-            &self.ctx.db,
-            &host,
-            r.assignment_epoch,
-            clock::now_ms(),
-        )
-        .await
+        match super::migrate::complete(&self.ctx.db, &host, r.assignment_epoch, clock::now_ms())
+            .await
         {
             Ok(m) => h::json(StatusCode::OK, &json!({"v":1,"migration":m})),
             Err(e) => migration_error(e),
@@ -673,41 +612,13 @@ impl Director {
                 })
             })
             .collect();
-        let counts = db
-            .query(
-                "SELECT COUNT(*), COALESCE(CAST(SUM(CASE WHEN reserved_controls + reserved_splices + reserved_invites \
-                 + pending_installs + pending_confirmations + migration_leases = 0 AND last_activity_at + 86400000 <= $1 \
-                 THEN 1 ELSE 0 END) AS BIGINT), 0) FROM relay_assignments",
-                params![now],
-            )
-            .await?;
-        let (total, dormant) = counts.first().map_or((0, 0), |r| (r.i64(0), r.i64(1)));
-        let open = db
-            .query(
-                "SELECT COUNT(*) FROM relay_assignment_migrations WHERE completed_at IS NULL AND aborted_at IS NULL",
-                &[],
-            )
-            .await?
-            .first()
-            .map_or(0, |r| r.i64(0));
-        let since = now - 86_400_000;
-        let attempts = db
-            .query(
-                "SELECT COALESCE(CAST(SUM(CASE WHEN aborted_at IS NULL THEN 1 ELSE 0 END) AS BIGINT), 0), \
-                 COALESCE(CAST(SUM(CASE WHEN aborted_at IS NOT NULL THEN 1 ELSE 0 END) AS BIGINT), 0) \
-                 FROM relay_region_rehome_attempts WHERE created_at >= $1",
-                params![since],
-            )
-            .await?;
-        let (committed, aborted) = attempts.first().map_or((0, 0), |r| (r.i64(0), r.i64(1)));
-        let enabled = db
-            .query(
-                "SELECT enabled FROM relay_region_rehome_control WHERE control_id = 'global'",
-                &[],
-            )
-            .await?
-            .first()
-            .is_some_and(|r| r.bool(0));
+        let rows = overview::all_rows(db).await?;
+        let total = rows.len() as i64;
+        let dormant = rows.iter().filter(|r| dormant(r, now)).count() as i64;
+        let open = overview::open_migration_count(db).await?;
+        let since = now - OVERVIEW_WINDOW_MS;
+        let (committed, aborted) = overview::rehome_attempts_since(db, since).await?;
+        let enabled = overview::rehome_enabled(db).await?;
         let mut out = json!({
             "v": 1,
             "at": now,

@@ -14,6 +14,7 @@ use http::StatusCode;
 use hyper::body::Incoming;
 use serde_json::json;
 
+use super::assign::{self as placement, AssignOptions};
 use super::Director;
 use crate::contract::close::{self, reason};
 use crate::contract::limits;
@@ -24,7 +25,6 @@ use crate::leg::ws::{self, First, Leg};
 use crate::leg::{pre_auth, pre_gates, Target, Upgrade};
 use crate::store::assignments::HostKey;
 use crate::store::credentials::{self, Resolved};
-use crate::store::placement::{self, AssignOptions};
 
 /// Pre-auth admission of the director's phone sockets (gate 4), per process.
 pub type RedirectAdmission = PreAuthGate;

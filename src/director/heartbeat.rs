@@ -1,10 +1,12 @@
 //! Heartbeat validation and handling (director.md §3.6–§3.7), shared by the HTTP route and the
 //! in-process beat of a process that also runs `cell`.
 
+use super::liveness::{incarnation_verdict, IncarnationVerdict};
 use crate::contract::heartbeat::{BeatFuture, HeartbeatSink};
 use crate::contract::validate::{check_origin, is_cell_id, is_safe_integer, is_uuid};
 use crate::contract::wire::{CellHeartbeat, CellRehomeStatus};
-use crate::store::cells::Beat;
+use crate::model::{Beat, BeatTelemetry};
+use crate::store::{cells, Db, DbError, RetryClass, Tx};
 
 /// Why a heartbeat was not accepted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,7 +67,15 @@ pub fn validate(hb: &CellHeartbeat, regions: &[String]) -> Result<Beat, Heartbea
             if t[5] > t[4] - 101 {
                 return Err(HeartbeatRefusal::Invalid(TELEMETRY_BOUND));
             }
-            Some(t)
+            Some(BeatTelemetry {
+                total_connections: t[0],
+                in_flight_connections: t[1],
+                reserved_connection_units: t[2],
+                enforced_connection_units: t[3],
+                connection_hard_cap: t[4],
+                connection_unobserved_bound: t[5],
+                connection_inclusion_watermark: t[6],
+            })
         }
         _ => return Err(HeartbeatRefusal::Invalid(TELEMETRY_INCOMPLETE)),
     };
@@ -78,6 +88,134 @@ pub fn validate(hb: &CellHeartbeat, regions: &[String]) -> Result<Beat, Heartbea
         ready: hb.ready,
         observed_requests: hb.observed_requests,
         telemetry,
+    })
+}
+
+/// Refusals of the heartbeat transaction (409 codes) or a database failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BeatError {
+    Refused(&'static str),
+    Db(DbError),
+}
+
+impl From<DbError> for BeatError {
+    fn from(e: DbError) -> Self {
+        BeatError::Db(e)
+    }
+}
+
+impl RetryClass for BeatError {
+    fn retry_code(&self) -> Option<&'static str> {
+        match self {
+            BeatError::Db(e) => e.retry_code(),
+            _ => None,
+        }
+    }
+}
+
+/// Wait for the cell row in the heartbeat transaction (director.md §2).
+const CELL_ROW_WAIT_MS: u64 = 1_000;
+
+/// Applies an accepted heartbeat, then releases reservations it settles (§4.4). A refused beat of
+/// an existing cell still deletes the cell's fence.
+pub async fn apply(db: &Db, beat: &Beat, now: i64) -> Result<(), BeatError> {
+    let result: Result<bool, BeatError> =
+        crate::transaction!(db, "cell-runtime", |tx| apply_tx(tx, beat, now).await);
+    match result {
+        Ok(_) => {
+            let watermark = beat.telemetry.map(|t| t.connection_inclusion_watermark);
+            let _ = cells::release_settled_reservations(
+                db,
+                &beat.cell_id,
+                &beat.cell_incarnation,
+                watermark,
+                now,
+            )
+            .await;
+            Ok(())
+        }
+        Err(BeatError::Refused(code)) => {
+            if code != "cell_not_found" {
+                let _ = cells::delete_fence(db, &beat.cell_id).await;
+            }
+            Err(BeatError::Refused(code))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The heartbeat transaction: cell row, runtime row, the §3.6 checks, the runtime write and the
+/// fence delete. Returns whether the runtime was reset (a new row or a takeover).
+async fn apply_tx(tx: &mut Tx, beat: &Beat, now: i64) -> Result<bool, BeatError> {
+    tx.set_lock_timeout(CELL_ROW_WAIT_MS).await?;
+    let cell = cells::lock_cell(tx, &beat.cell_id)
+        .await?
+        .ok_or(BeatError::Refused("cell_not_found"))?;
+    if cell.cell_url != beat.cell_url {
+        return Err(BeatError::Refused("cell_origin_mismatch"));
+    }
+    if cell.region != beat.region {
+        return Err(BeatError::Refused("cell_region_mismatch"));
+    }
+    let stored = cells::lock_runtime(tx, &beat.cell_id).await?;
+    let verdict = incarnation_verdict(
+        stored
+            .as_ref()
+            .map(|r| (r.cell_incarnation.as_str(), r.started_at)),
+        &beat.cell_incarnation,
+        beat.started_at,
+    );
+    if verdict == IncarnationVerdict::Stale {
+        return Err(BeatError::Refused("stale_cell_incarnation"));
+    }
+    match (cell.connection_hard_cap, &beat.telemetry) {
+        (Some(cap), Some(t)) => {
+            if t.connection_hard_cap != cap
+                || Some(t.connection_unobserved_bound) != cell.connection_unobserved_bound
+            {
+                return Err(BeatError::Refused("cell_connection_telemetry_mismatch"));
+            }
+        }
+        (Some(_), None) => return Err(BeatError::Refused("cell_connection_telemetry_mismatch")),
+        (None, Some(_)) => return Err(BeatError::Refused("cell_connection_limit_not_configured")),
+        (None, None) => {}
+    }
+    if let (Some(s), Some(t), IncarnationVerdict::Accept) = (&stored, &beat.telemetry, verdict) {
+        if s.telemetry
+            .as_ref()
+            .is_some_and(|st| t.connection_inclusion_watermark <= st.inclusion_watermark)
+        {
+            return Err(BeatError::Refused("stale_connection_snapshot"));
+        }
+    }
+    let reset = stored.is_none() || verdict == IncarnationVerdict::Takeover;
+    cells::write_runtime(tx, beat, stored.is_none(), reset, now).await?;
+    cells::delete_fence_in(tx, &beat.cell_id).await?;
+    Ok(reset)
+}
+
+/// §3.7: stores a cell's regional-rehome protocol and safety report on its runtime row, when the
+/// cell and its runtime exist and the report comes from the current incarnation (lowercased).
+pub async fn apply_rehome_status(
+    db: &Db,
+    cell_id: &str,
+    incarnation: &str,
+    protocol: i64,
+    safety_json: &str,
+    now: i64,
+) -> Result<(), BeatError> {
+    crate::transaction!(db, "cell-runtime", |tx| {
+        let cell = cells::lock_cell(tx, cell_id).await?;
+        let rt = cells::lock_runtime(tx, cell_id).await?;
+        let rt = match (cell, rt) {
+            (Some(_), Some(rt)) => rt,
+            _ => return Err(BeatError::Refused("cell_not_found")),
+        };
+        if rt.cell_incarnation != incarnation {
+            return Err(BeatError::Refused("stale_cell_incarnation"));
+        }
+        cells::set_rehome_status(tx, cell_id, protocol, safety_json, now).await?;
+        Ok(())
     })
 }
 
@@ -149,7 +287,18 @@ mod tests {
     fn accepts_and_lowercases() {
         let b = validate(&hb(), &regions()).unwrap();
         assert_eq!(b.cell_incarnation, "0e0b3c2a-1111-4222-8333-944445555666");
-        assert_eq!(b.telemetry, Some([1, 2, 3, 6, 600, 0, 1]));
+        assert_eq!(
+            b.telemetry,
+            Some(BeatTelemetry {
+                total_connections: 1,
+                in_flight_connections: 2,
+                reserved_connection_units: 3,
+                enforced_connection_units: 6,
+                connection_hard_cap: 600,
+                connection_unobserved_bound: 0,
+                connection_inclusion_watermark: 1,
+            })
+        );
     }
 
     #[test]

@@ -62,7 +62,7 @@ impl LanePermit {
     /// Records that work started (the per-host interval counts from here).
     pub fn started(&self) {
         if let Some(h) = &self.host {
-            let mut hosts = self.lane.hosts.lock().unwrap();
+            let mut hosts = crate::sync::lock(&self.lane.hosts);
             if let Some(s) = hosts.get_mut(h) {
                 s.last_start = Some(Instant::now());
             }
@@ -73,7 +73,7 @@ impl LanePermit {
 impl Drop for LanePermit {
     fn drop(&mut self) {
         if let Some(h) = &self.host {
-            let mut hosts = self.lane.hosts.lock().unwrap();
+            let mut hosts = crate::sync::lock(&self.lane.hosts);
             if let Some(s) = hosts.get_mut(h) {
                 s.busy = false;
             }
@@ -92,7 +92,7 @@ impl Drop for BusyGuard<'_> {
     fn drop(&mut self) {
         if self.armed {
             if let Some(h) = self.host {
-                if let Some(s) = self.lane.hosts.lock().unwrap().get_mut(h) {
+                if let Some(s) = crate::sync::lock(&self.lane.hosts).get_mut(h) {
                     s.busy = false;
                 }
             }
@@ -132,7 +132,7 @@ impl Lane {
         let per_host = self.per_host();
         if per_host {
             let interval = Duration::from_millis(self.interval_ms.load(Ordering::Relaxed));
-            let mut hosts = self.hosts.lock().unwrap();
+            let mut hosts = crate::sync::lock(&self.hosts);
             if hosts.len() >= HOST_TABLE_MAX {
                 hosts.retain(|_, s| s.busy || s.last_start.is_some_and(|t| t.elapsed() < interval));
             }

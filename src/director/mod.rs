@@ -5,11 +5,13 @@
 //! placement, assignments, migrations}`; this module and `routes` are the glue.
 
 pub mod admin;
+pub mod assign;
 pub mod connect_redirect;
 pub mod heartbeat;
 pub mod host_token;
 pub mod lanes;
 pub mod liveness;
+pub mod migrate;
 pub mod placement;
 pub mod rejections;
 pub mod routes;
@@ -24,7 +26,8 @@ use crate::app::Ctx;
 use crate::contract::wire::CellHeartbeat;
 use crate::crypto::jwt::{HostTokenVerifier, JwksSource};
 use crate::http::Response;
-use crate::store::cells::{self, BeatError, CellSpec};
+use crate::store::cells::{self, CellSpec};
+use heartbeat::BeatError;
 
 pub use heartbeat::HeartbeatRefusal;
 use lanes::Lane;
@@ -87,7 +90,7 @@ impl Director {
         });
         director.register_configured_cells().await?;
         let handle = sweeps::spawn(director.clone(), director.stop.clone());
-        *director.sweeps.lock().unwrap() = Some(handle);
+        *crate::sync::lock(&director.sweeps) = Some(handle);
         Ok(director)
     }
 
@@ -147,9 +150,9 @@ impl Director {
 
     pub(crate) async fn apply_beat(
         &self,
-        beat: &crate::store::cells::Beat,
+        beat: &crate::model::Beat,
     ) -> Result<(), HeartbeatRefusal> {
-        let r = cells::heartbeat(&self.ctx.db, beat, crate::clock::now_ms()).await;
+        let r = heartbeat::apply(&self.ctx.db, beat, crate::clock::now_ms()).await;
         let outcome = match &r {
             Ok(()) => "ok",
             Err(BeatError::Refused(code)) => code,
@@ -195,7 +198,7 @@ impl Director {
     /// Stops background loops (sweeps, workers) at shutdown.
     pub async fn shutdown(&self) {
         self.stop.cancel();
-        let handle = self.sweeps.lock().unwrap().take();
+        let handle = crate::sync::lock(&self.sweeps).take();
         if let Some(h) = handle {
             let _ = h.await;
         }

@@ -7,7 +7,8 @@
 use std::cmp::Ordering;
 
 use super::liveness::{Admission, Cause, CellView, HEARTBEAT_TTL_MS};
-use crate::store::assignments::{AssignmentRow, Lease, OpenMigration};
+pub use crate::model::assignment::HostView;
+use crate::model::{ActivityId, AssignmentRow};
 
 /// Dormancy: no lease and no activity for 24 h (director.md §5.1).
 pub const DORMANT_AFTER_MS: i64 = 86_400_000;
@@ -15,12 +16,10 @@ pub const DORMANT_AFTER_MS: i64 = 86_400_000;
 pub const STRANDED_MIN_MS: i64 = 60_000;
 pub const STRANDED_MAX_MS: i64 = 900_000;
 
-/// A placed host as the locking transaction sees it.
-#[derive(Debug, Clone)]
-pub struct HostView {
-    pub row: AssignmentRow,
-    pub leases: Vec<Lease>,
-    pub open_migration: Option<OpenMigration>,
+/// Dormancy (§5.1) of an assignment row: all six counters 0 and a day without activity. The one
+/// statement of the rule; the operator overview counts rows with it too.
+pub fn dormant(row: &AssignmentRow, now: i64) -> bool {
+    row.counters.is_zero() && now >= row.last_activity_at + DORMANT_AFTER_MS
 }
 
 impl HostView {
@@ -40,8 +39,7 @@ impl HostView {
 
     /// All six counters 0 and a day without activity.
     pub fn dormant(&self, now: i64) -> bool {
-        self.row.counters.iter().all(|c| *c == 0)
-            && now >= self.row.last_activity_at + DORMANT_AFTER_MS
+        dormant(&self.row, now)
     }
 
     /// Home `existing-only`, idle 1–15 min, no unexpired lease but `control-pending:*`.
@@ -52,23 +50,26 @@ impl HostView {
             && !self
                 .leases
                 .iter()
-                .any(|l| l.expires_at > now && !l.activity_id.starts_with("control-pending:"))
+                .any(|l| l.expires_at > now && !is_pending(&l.activity_id))
     }
 
     /// A `control-pending:<current epoch>` lease on X, or a `control:<X>:<g>` lease.
     pub fn holds_control_on(&self, cell_id: &str) -> bool {
-        let pending = format!("control-pending:{}", self.row.assignment_epoch);
-        let prefix = format!("control:{cell_id}:");
-        self.leases.iter().any(|l| {
-            (l.activity_id == pending && l.cell_id == cell_id) || l.activity_id.starts_with(&prefix)
-        })
+        let epoch = self.row.assignment_epoch;
+        self.leases
+            .iter()
+            .any(|l| match ActivityId::parse(&l.activity_id) {
+                Some(ActivityId::ControlPending { epoch: e }) => e == epoch && l.cell_id == cell_id,
+                Some(ActivityId::Control { cell_id: c, .. }) => c == cell_id,
+                _ => false,
+            })
     }
 
     /// §6.2: the home carries a live roll stamp and the host has no migration lease or open
     /// migration. Liveness is ignored.
     pub fn roll_isolated(&self, home: Option<&CellView>, now: i64) -> bool {
         home.is_some_and(|h| h.roll_stamp_active(now))
-            && self.row.counters[5] == 0
+            && self.row.counters.migrations == 0
             && self.open_migration.is_none()
     }
 
@@ -104,6 +105,14 @@ impl HostView {
         }
         true
     }
+}
+
+/// A `control-pending:<epoch>` id.
+fn is_pending(activity_id: &str) -> bool {
+    matches!(
+        ActivityId::parse(activity_id),
+        Some(ActivityId::ControlPending { .. })
+    )
 }
 
 /// Candidate for `n` units (§5.1).
@@ -386,6 +395,7 @@ mod tests {
     use super::super::liveness::tests::{capped, cell, runtime, NOW};
     use super::super::liveness::{Fence, Telemetry};
     use super::*;
+    use crate::model::{Lease, LeaseCounts, LeaseKind, OpenMigration};
 
     const US: &str = "us-central1";
     const ASIA: &str = "asia-east2";
@@ -399,7 +409,7 @@ mod tests {
         };
         Lease {
             activity_id: id.into(),
-            kind: kind.into(),
+            kind: LeaseKind::from_stored(kind),
             cell_id: cell.into(),
             request_units: units,
             expires_at: NOW + expires_in,
@@ -411,18 +421,7 @@ mod tests {
     }
 
     fn host(home: &str, epoch: i64, leases: Vec<Lease>) -> HostView {
-        let mut counters = [0i64; 6];
-        for l in &leases {
-            let i = match l.kind.as_str() {
-                "control" => 0,
-                "splice" => 1,
-                "invite" => 2,
-                "install" => 3,
-                "confirmation" => 4,
-                _ => 5,
-            };
-            counters[i] += 1;
-        }
+        let counters = LeaseCounts::of_leases(&leases);
         HostView {
             row: AssignmentRow {
                 cell_id: home.into(),
@@ -634,9 +633,9 @@ mod tests {
     fn roll_isolation_conditions() {
         let (cells, mut h) = fixture_r(true);
         assert!(h.roll_isolated(Some(&cells[0]), NOW));
-        h.row.counters[5] = 1;
+        h.row.counters.migrations = 1;
         assert!(!h.roll_isolated(Some(&cells[0]), NOW));
-        h.row.counters[5] = 0;
+        h.row.counters.migrations = 0;
         h.open_migration = Some(OpenMigration {
             assignment_epoch: 3,
             kind: "evacuation".into(),
@@ -787,7 +786,7 @@ mod tests {
     #[test]
     fn open_migration_or_migration_lease_takes_dead_cell_path_with_fence() {
         let (cells, mut h) = fixture_r(true);
-        h.row.counters[5] = 1;
+        h.row.counters.migrations = 1;
         refused(&cells, &h, Cause::NotReady);
         // Uncapped home without open migration: forced move.
         let (mut cells, h) = fixture_r(false);

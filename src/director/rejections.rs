@@ -57,15 +57,15 @@ impl RejectLog {
 
     /// Shortens the window (tests).
     pub fn set_window(&self, d: Duration) {
-        *self.window.lock().unwrap() = d;
+        *crate::sync::lock(&self.window) = d;
     }
 
     /// Logs `r` now, or counts it and prints one `suppressed=<n>` line when its window ends.
     pub fn reject(self: &Arc<Self>, r: &Rejection<'_>) {
         let key = format!("{}:{}:{}", r.route, r.lane, r.reason);
         let line = r.line();
-        let window = *self.window.lock().unwrap();
-        let mut windows = self.windows.lock().unwrap();
+        let window = *crate::sync::lock(&self.window);
+        let mut windows = crate::sync::lock(&self.windows);
         match windows.get_mut(&key) {
             Some(w) if w.started.elapsed() < window => {
                 w.suppressed += 1;
@@ -96,7 +96,7 @@ impl RejectLog {
     }
 
     fn flush(&self, key: &str) {
-        let w = self.windows.lock().unwrap().remove(key);
+        let w = crate::sync::lock(&self.windows).remove(key);
         if let Some(w) = w {
             if w.suppressed > 0 {
                 log::warn!("{} suppressed={}", w.last, w.suppressed);

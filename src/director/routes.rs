@@ -16,10 +16,12 @@ use serde_json::json;
 use warp::filters::BoxedFilter;
 use warp::Filter;
 
+use super::assign::{self as sp, AssignError, AssignOptions};
 use super::heartbeat::{self, HeartbeatRefusal};
 use super::lanes::{LanePermit, LaneReject};
 use super::rejections::Rejection;
 use super::Director;
+use crate::clock;
 use crate::contract::errors;
 use crate::contract::limits::RELAY_BODY_MAX;
 use crate::contract::wire::{CellHeartbeat, CellRehomeStatus};
@@ -27,8 +29,6 @@ use crate::crypto;
 use crate::director::placement::Refusal;
 use crate::http::{self as h, Body, Response};
 use crate::store::assignments::HostKey;
-use crate::store::placement::{self as sp, AssignError, AssignOptions};
-use crate::{clock, params};
 
 const UNAVAILABLE: &str = "assignments_temporarily_unavailable";
 
@@ -324,17 +324,11 @@ impl Director {
         };
         let home = crate::store::cells::view(db, &row.cell_id).await?;
         let stamped = home.is_some_and(|c| c.roll_stamp_active(clock::now_ms()));
-        if !stamped || row.counters[5] > 0 {
+        if !stamped || row.counters.migrations > 0 {
             return Ok(true);
         }
-        let open = db
-            .query(
-                "SELECT assignment_epoch FROM relay_assignment_migrations WHERE user_id = $1 AND relay_host_id = $2 \
-                 AND completed_at IS NULL AND aborted_at IS NULL",
-                params![&host.user_id, &host.relay_host_id],
-            )
-            .await?;
-        Ok(!open.is_empty())
+        let open = crate::store::migrations::read_open(db, host).await?;
+        Ok(open.is_some())
     }
 
     /// Runs the work in the held slot, in its own task so it completes even if the client leaves.
@@ -444,22 +438,16 @@ impl Director {
             retry_after: self.placement_lane.cfg.retry_after_s,
         };
         let now = clock::now_ms();
-        let hash = crypto::ident::token_hash(&req.resume_token);
-        let found = self
-            .ctx
-            .db
-            .query(
-                "SELECT user_id FROM relay_devices WHERE relay_host_id = $1 AND revoked_at IS NULL AND \
-                 ((current_hash = $2 AND current_expires_at > $3) OR (grace_hash = $2 AND grace_expires_at > $3)) \
-                 ORDER BY user_id LIMIT 1",
-                params![&req.relay_host_id, &hash, now],
-            )
-            .await;
+        let found = crate::store::credentials::resolve_resume(
+            &self.ctx.db,
+            &req.relay_host_id,
+            &req.resume_token,
+            now,
+        )
+        .await;
         let user_id = match found {
-            Ok(rows) => match rows.first() {
-                Some(r) => r.str(0),
-                None => return h::error(StatusCode::UNAUTHORIZED, "invalid_credential"),
-            },
+            Ok(Some(r)) => r.user_id().to_string(),
+            Ok(None) => return h::error(StatusCode::UNAUTHORIZED, "invalid_credential"),
             Err(e) => {
                 let host = HostKey {
                     user_id: String::new(),
@@ -573,42 +561,18 @@ impl Director {
         let now = clock::now_ms();
         let inc = st.cell_incarnation.to_ascii_lowercase();
         let safety = serde_json::to_string(&st.safety).unwrap_or_default();
-        let r: Result<(), crate::store::cells::BeatError> = crate::transaction!(
-            self.ctx.db,
-            "cell-runtime",
-            |tx| {
-                use crate::store::cells::BeatError;
-                let cell = tx
-                    .query_opt(
-                        "SELECT cell_id FROM relay_cells WHERE cell_id = $1 FOR UPDATE",
-                        params![&st.cell_id],
-                    )
-                    .await?;
-                let rt = tx
-                    .query_opt(
-                        "SELECT cell_incarnation FROM relay_cell_runtime WHERE cell_id = $1 FOR UPDATE",
-                        params![&st.cell_id],
-                    )
-                    .await?;
-                let rt = match (cell, rt) {
-                    (Some(_), Some(rt)) => rt,
-                    _ => return Err(BeatError::Refused("cell_not_found")),
-                };
-                if rt.str(0) != inc {
-                    return Err(BeatError::Refused("stale_cell_incarnation"));
-                }
-                tx.execute(
-                    "UPDATE relay_cell_runtime SET regional_rehome_protocol = $2, safety_json = $3, \
-                     safety_received_at = $4, updated_at = $4 WHERE cell_id = $1",
-                    params![&st.cell_id, st.regional_rehome_protocol, &safety, now],
-                )
-                .await?;
-                Ok(())
-            }
-        );
+        let r = super::heartbeat::apply_rehome_status(
+            &self.ctx.db,
+            &st.cell_id,
+            &inc,
+            st.regional_rehome_protocol,
+            &safety,
+            now,
+        )
+        .await;
         match r {
             Ok(()) => Ok(()),
-            Err(crate::store::cells::BeatError::Refused(c)) => Err(HeartbeatRefusal::Refused(c)),
+            Err(super::heartbeat::BeatError::Refused(c)) => Err(HeartbeatRefusal::Refused(c)),
             Err(_) => Err(HeartbeatRefusal::Unavailable),
         }
     }

@@ -8,9 +8,9 @@ use std::time::Duration;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use super::assign::{assign, AssignError, AssignOptions};
+use super::migrate::{self as m, SweepCount};
 use super::Director;
-use crate::store::migrations::{self as m, SweepCount};
-use crate::store::placement::{assign, AssignOptions};
 use crate::store::DbError;
 
 /// Starts the loop; it stops when `stop` (or the process shutdown) is cancelled.
@@ -188,7 +188,7 @@ async fn evacuate_dead_cells(d: &Director, now: i64) -> Result<SweepCount, DbErr
                 count.done += 1;
             }
             Ok(_) => {}
-            Err(crate::store::placement::AssignError::RowBusy) => count.skipped += 1,
+            Err(AssignError::RowBusy) => count.skipped += 1,
             Err(_) => e.1 += 1,
         }
     }

@@ -138,7 +138,7 @@ impl PreAuthGate {
     }
 
     fn lock(&self) -> MutexGuard<'_, PreAuth> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.0)
     }
 
     /// [`PreAuth::try_admit`].

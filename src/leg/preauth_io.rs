@@ -56,13 +56,8 @@ impl<S> PreAuthIo<S> {
     /// After authentication: reads are no longer budgeted (the leg's message limit applies).
     pub fn lift(&self) {
         self.budget.lifted.store(true, Ordering::SeqCst);
-        if let Some(w) = self
-            .budget
-            .waker
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
+        let waker = crate::sync::lock(&self.budget.waker).take();
+        if let Some(w) = waker {
             w.wake();
         }
     }
@@ -99,7 +94,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for PreAuthIo<S> {
         }
         let left = b.left.load(Ordering::SeqCst);
         if left == 0 {
-            *b.waker.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+            *crate::sync::lock(&b.waker) = Some(cx.waker().clone());
             // Re-check: a lift between the load and storing the waker must not be missed.
             if b.lifted.load(Ordering::SeqCst) {
                 return Pin::new(&mut this.inner).poll_read(cx, buf);
@@ -109,15 +104,24 @@ impl<S: AsyncRead + Unpin> AsyncRead for PreAuthIo<S> {
             }
             return Poll::Pending;
         }
-        let want = buf.remaining().min(left);
-        let mut limited = buf.take(want);
+        if buf.remaining() <= left {
+            // The whole buffer fits the budget: read straight into it.
+            let before = buf.filled().len();
+            let r = Pin::new(&mut this.inner).poll_read(cx, buf);
+            if let Poll::Ready(Ok(())) = r {
+                b.left
+                    .fetch_sub(buf.filled().len() - before, Ordering::SeqCst);
+            }
+            return r;
+        }
+        // Only part of the buffer is allowed: read at most `left` bytes through a small buffer
+        // (pre-auth only, a few hundred bytes, so the copy does not matter).
+        let mut tmp = [0u8; PREAUTH_READ_BUDGET];
+        let mut limited = ReadBuf::new(&mut tmp[..left]);
         let r = Pin::new(&mut this.inner).poll_read(cx, &mut limited);
-        let n = limited.filled().len();
         if let Poll::Ready(Ok(())) = r {
-            // SAFETY: the inner read initialised and filled exactly `n` bytes of `buf`'s
-            // unfilled part (through `take`), so they may be marked initialised and filled.
-            unsafe { buf.assume_init(n) };
-            buf.advance(n);
+            let n = limited.filled().len();
+            buf.put_slice(limited.filled());
             b.left.fetch_sub(n, Ordering::SeqCst);
         }
         r

@@ -107,7 +107,7 @@ impl Apns {
     }
 
     fn provider_token(&self, now: i64) -> Result<String, String> {
-        let mut slot = self.token.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = crate::sync::lock(&self.token);
         if let Some((t, at)) = slot.as_ref() {
             if now - at < JWT_MAX_AGE_MS {
                 return Ok(t.clone());
@@ -135,7 +135,7 @@ impl Apns {
     }
 
     fn drop_token(&self) {
-        *self.token.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *crate::sync::lock(&self.token) = None;
     }
 
     fn origin(&self, environment: &str) -> &str {

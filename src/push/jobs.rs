@@ -110,7 +110,7 @@ impl Counters {
     /// Logs the line when any counter moved; returns whether it did.
     pub fn emit(&self, ctx: &Ctx) -> bool {
         let now = ctx.metrics.push_values();
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = crate::sync::lock(&self.last);
         let mut fields = Map::new();
         let mut moved = false;
         for (i, (name, v)) in now.iter().enumerate() {

@@ -165,7 +165,7 @@ impl Push {
     }
 
     fn limits(&self) -> MutexGuard<'_, Limits> {
-        self.limits.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.limits)
     }
 
     fn wake_worker(&self) {

@@ -3,49 +3,16 @@
 //! These are the durable half of the "at most one cell serves a host" invariant: the cell checks its
 //! authority here before activating a control and on every renewal.
 //!
-//! OWNERSHIP: implemented by the director work (placement shares these tables and counters); the
-//! signatures are the contract the cell codes against.
+//! The row primitives here (lock, read, charge, insert, refresh) are what the director's services
+//! compose into their own transactions; the cell-driven operations at the end are single
+//! transactions of their own.
 
 use super::{Db, DbError, Tx};
+pub use crate::model::{
+    parse_control_id, parse_decimal, ActivityId, ActivityKind, AssignmentRow, AssignmentView,
+    HostKey, HostView, Lease, LeaseCounts, LeaseKind, OpenMigration,
+};
 use crate::{params, transaction};
-
-/// A host: (`userId` = host-token `sub`, `relayHostId`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct HostKey {
-    pub user_id: String,
-    pub relay_host_id: String,
-}
-
-/// What `resolveAssignment` returns: the host's home and epoch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AssignmentView {
-    pub cell_id: String,
-    pub cell_url: String,
-    pub assignment_epoch: i64,
-    pub lease_expires_at: i64,
-}
-
-/// Activity kinds (director.md §5.1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ActivityKind {
-    Control,
-    Splice,
-    Invite,
-    Install,
-    Confirmation,
-}
-
-impl ActivityKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ActivityKind::Control => "control",
-            ActivityKind::Splice => "splice",
-            ActivityKind::Invite => "invite",
-            ActivityKind::Install => "install",
-            ActivityKind::Confirmation => "confirmation",
-        }
-    }
-}
 
 /// Refusals of the activity operations; `code()` is the spec's error code.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,65 +98,46 @@ pub const LEASE_TTL_MS: i64 = 90_000;
 /// Wait for an assignment row in cell-driven operations (director.md §2).
 pub const CELL_DRIVEN_WAIT_MS: u64 = 1_000;
 
-/// The stored `relay_assignments` row.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AssignmentRow {
-    pub cell_id: String,
-    pub assignment_epoch: i64,
-    pub lease_expires_at: i64,
-    pub last_activity_at: i64,
-    pub counters: [i64; 6],
-    pub preferred_region: Option<String>,
-}
-
 /// Columns of [`AssignmentRow`], in order.
 pub const ROW_COLUMNS: &str = "cell_id, assignment_epoch, lease_expires_at, last_activity_at, \
      reserved_controls, reserved_splices, reserved_invites, pending_installs, pending_confirmations, \
      migration_leases, preferred_region";
 
-impl AssignmentRow {
-    pub fn from_row(r: &super::Row) -> AssignmentRow {
-        AssignmentRow {
-            cell_id: r.str(0),
-            assignment_epoch: r.i64(1),
-            lease_expires_at: r.i64(2),
-            last_activity_at: r.i64(3),
-            counters: [r.i64(4), r.i64(5), r.i64(6), r.i64(7), r.i64(8), r.i64(9)],
-            preferred_region: r.opt_str(10),
-        }
+/// An [`AssignmentRow`] read with [`ROW_COLUMNS`].
+pub fn row_from(r: &super::Row) -> AssignmentRow {
+    AssignmentRow {
+        cell_id: r.str(0),
+        assignment_epoch: r.i64(1),
+        lease_expires_at: r.i64(2),
+        last_activity_at: r.i64(3),
+        counters: LeaseCounts {
+            controls: r.i64(4),
+            splices: r.i64(5),
+            invites: r.i64(6),
+            installs: r.i64(7),
+            confirmations: r.i64(8),
+            migrations: r.i64(9),
+        },
+        preferred_region: r.opt_str(10),
     }
 }
 
-/// One activity lease.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lease {
-    pub activity_id: String,
-    pub kind: String,
-    pub cell_id: String,
-    pub request_units: i64,
-    pub expires_at: i64,
-    pub control_generation: Option<i64>,
-    pub cell_incarnation: Option<String>,
-    pub idle_regional_rehome: bool,
-    pub renewed_at: Option<i64>,
-}
-
+/// Columns of [`Lease`], in order.
 pub const LEASE_COLUMNS: &str = "activity_id, activity_kind, cell_id, request_units, expires_at, \
      control_generation, cell_incarnation, idle_regional_rehome, renewed_at";
 
-impl Lease {
-    pub fn from_row(r: &super::Row) -> Lease {
-        Lease {
-            activity_id: r.str(0),
-            kind: r.str(1),
-            cell_id: r.str(2),
-            request_units: r.i64(3),
-            expires_at: r.i64(4),
-            control_generation: r.opt_i64(5),
-            cell_incarnation: r.opt_str(6),
-            idle_regional_rehome: r.bool(7),
-            renewed_at: r.opt_i64(8),
-        }
+/// A [`Lease`] read with [`LEASE_COLUMNS`].
+pub fn lease_from(r: &super::Row) -> Lease {
+    Lease {
+        activity_id: r.str(0),
+        kind: LeaseKind::from_stored(&r.str(1)),
+        cell_id: r.str(2),
+        request_units: r.i64(3),
+        expires_at: r.i64(4),
+        control_generation: r.opt_i64(5),
+        cell_incarnation: r.opt_str(6),
+        idle_regional_rehome: r.bool(7),
+        renewed_at: r.opt_i64(8),
     }
 }
 
@@ -214,7 +162,7 @@ pub async fn lock_row(
     let row = tx
         .query_opt(&sql, params![&host.user_id, &host.relay_host_id])
         .await?;
-    Ok(row.as_ref().map(AssignmentRow::from_row))
+    Ok(row.as_ref().map(row_from))
 }
 
 /// Plain read of the host's row.
@@ -227,7 +175,7 @@ pub async fn read_row(db: &Db, host: &HostKey) -> Result<Option<AssignmentRow>, 
             params![&host.user_id, &host.relay_host_id],
         )
         .await?;
-    Ok(rows.first().map(AssignmentRow::from_row))
+    Ok(rows.first().map(row_from))
 }
 
 /// The host's leases, locked (tier 2).
@@ -241,21 +189,10 @@ pub async fn lock_leases(tx: &mut Tx, host: &HostKey) -> Result<Vec<Lease>, DbEr
             params![&host.user_id, &host.relay_host_id],
         )
         .await?;
-    Ok(rows.iter().map(Lease::from_row).collect())
+    Ok(rows.iter().map(lease_from).collect())
 }
 
-/// The host's open migration (tier 2, locked): `(assignment_epoch, source, target, registered_at)`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OpenMigration {
-    pub assignment_epoch: i64,
-    pub kind: String,
-    pub source_cell_id: String,
-    pub target_cell_id: String,
-    pub previous_epoch: i64,
-    pub target_registered_at: Option<i64>,
-    pub created_at: i64,
-}
-
+/// The host's open migration (tier 2, locked).
 pub async fn lock_open_migration(
     tx: &mut Tx,
     host: &HostKey,
@@ -278,6 +215,126 @@ pub async fn lock_open_migration(
         target_registered_at: r.opt_i64(5),
         created_at: r.i64(6),
     }))
+}
+
+/// Locks the host's row (`NOWAIT` when `wait_ms` is `None`), then its leases, open migration and
+/// reservations, in the order of director.md §2; `None` when the host has no row.
+pub async fn lock_host(
+    tx: &mut Tx,
+    host: &HostKey,
+    wait_ms: Option<u64>,
+) -> Result<Option<HostView>, DbError> {
+    let row = match lock_row(tx, host, wait_ms).await? {
+        Some(r) => r,
+        None => return Ok(None),
+    };
+    let leases = lock_leases(tx, host).await?;
+    let open_migration = lock_open_migration(tx, host).await?;
+    lock_reservations(tx, host).await?;
+    Ok(Some(HostView {
+        row,
+        leases,
+        open_migration,
+    }))
+}
+
+/// The row's `lease_expires_at`, read inside the transaction that holds it.
+pub async fn lease_expires_at(tx: &mut Tx, host: &HostKey) -> Result<Option<i64>, DbError> {
+    Ok(tx
+        .query_opt(
+            "SELECT lease_expires_at FROM relay_assignments WHERE user_id = $1 AND relay_host_id = $2",
+            params![&host.user_id, &host.relay_host_id],
+        )
+        .await?
+        .map(|r| r.i64(0)))
+}
+
+/// Records the host's preferred region.
+pub async fn set_preferred_region(
+    tx: &mut Tx,
+    host: &HostKey,
+    region: &str,
+    now: i64,
+) -> Result<(), DbError> {
+    tx.execute(
+        "UPDATE relay_assignments SET preferred_region = $3, preferred_region_observed_at = $4 \
+         WHERE user_id = $1 AND relay_host_id = $2",
+        params![&host.user_id, &host.relay_host_id, region, now],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Raises `lease_expires_at` to `lease_until` (never lowering it) and sets `last_activity_at`.
+pub async fn touch_row(
+    tx: &mut Tx,
+    host: &HostKey,
+    lease_until: i64,
+    now: i64,
+) -> Result<(), DbError> {
+    tx.execute(
+        "UPDATE relay_assignments SET lease_expires_at = CASE WHEN lease_expires_at >= $3 \
+         THEN lease_expires_at ELSE $3 END, last_activity_at = $4, updated_at = $4 \
+         WHERE user_id = $1 AND relay_host_id = $2",
+        params![&host.user_id, &host.relay_host_id, lease_until, now],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Points the row at `cell_id` with `epoch` (the caller checked the epoch under the row lock),
+/// setting `lease_expires_at` when given.
+pub async fn move_row(
+    tx: &mut Tx,
+    host: &HostKey,
+    cell_id: &str,
+    epoch: i64,
+    lease_expires_at: Option<i64>,
+    now: i64,
+) -> Result<(), DbError> {
+    tx.execute(
+        "UPDATE relay_assignments SET cell_id = $3, assignment_epoch = $4, \
+         lease_expires_at = CASE WHEN CAST($5 AS BIGINT) IS NULL THEN lease_expires_at ELSE CAST($5 AS BIGINT) END, \
+         last_activity_at = $6, updated_at = $6 WHERE user_id = $1 AND relay_host_id = $2",
+        params![
+            &host.user_id,
+            &host.relay_host_id,
+            cell_id,
+            epoch,
+            lease_expires_at,
+            now
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Inserts a first assignment row at epoch 1; `DbError::UniqueViolation` when another
+/// transaction placed the host first.
+pub async fn insert_row(
+    tx: &mut Tx,
+    host: &HostKey,
+    cell_id: &str,
+    lease_expires_at: i64,
+    preferred_region: Option<&str>,
+    now: i64,
+) -> Result<(), DbError> {
+    tx.execute(
+        "INSERT INTO relay_assignments (user_id, relay_host_id, cell_id, assignment_epoch, \
+         lease_expires_at, last_activity_at, preferred_region, preferred_region_observed_at, \
+         created_at, updated_at) VALUES ($1, $2, $3, 1, $4, $5, $6, $7, $5, $5)",
+        params![
+            &host.user_id,
+            &host.relay_host_id,
+            cell_id,
+            lease_expires_at,
+            now,
+            preferred_region,
+            preferred_region.map(|_| now)
+        ],
+    )
+    .await?;
+    Ok(())
 }
 
 /// Locks the host's connection reservations (tier 3).
@@ -344,13 +401,29 @@ pub async fn delete_lease(
     Ok(())
 }
 
+/// Sets one lease's expiry.
+pub async fn set_lease_expiry(
+    tx: &mut Tx,
+    host: &HostKey,
+    activity_id: &str,
+    expires_at: i64,
+    now: i64,
+) -> Result<(), DbError> {
+    tx.execute(
+        "UPDATE relay_assignment_activity_leases SET expires_at = $4, updated_at = $5 WHERE user_id = $1 AND relay_host_id = $2 AND activity_id = $3",
+        params![&host.user_id, &host.relay_host_id, activity_id, expires_at, now],
+    )
+    .await?;
+    Ok(())
+}
+
 /// Inserts a lease row (the caller charged its units).
 #[allow(clippy::too_many_arguments)]
 pub async fn insert_lease(
     tx: &mut Tx,
     host: &HostKey,
     activity_id: &str,
-    kind: &str,
+    kind: LeaseKind,
     cell_id: &str,
     units: i64,
     expires_at: i64,
@@ -364,7 +437,7 @@ pub async fn insert_lease(
             &host.user_id,
             &host.relay_host_id,
             activity_id,
-            kind,
+            kind.as_str(),
             cell_id,
             units,
             expires_at,
@@ -391,18 +464,10 @@ pub async fn refresh_row(
             params![&host.user_id, &host.relay_host_id],
         )
         .await?;
-    let mut c = [0i64; 6];
+    let mut c = LeaseCounts::default();
     let mut max_exp = 0i64;
     for r in &counts {
-        let i = match r.str(0).as_str() {
-            "control" => 0,
-            "splice" => 1,
-            "invite" => 2,
-            "install" => 3,
-            "confirmation" => 4,
-            _ => 5,
-        };
-        c[i] = r.i64(1);
+        *c.of_mut(LeaseKind::from_stored(&r.str(0))) = r.i64(1);
         max_exp = max_exp.max(r.i64(2));
     }
     tx.execute(
@@ -414,12 +479,12 @@ pub async fn refresh_row(
         params![
             &host.user_id,
             &host.relay_host_id,
-            c[0],
-            c[1],
-            c[2],
-            c[3],
-            c[4],
-            c[5],
+            c.controls,
+            c.splices,
+            c.invites,
+            c.installs,
+            c.confirmations,
+            c.migrations,
             max_exp,
             last_activity_at,
             now
@@ -479,45 +544,12 @@ pub async fn release_epoch_reservations(
     Ok(())
 }
 
-/// Parses `control:<cellId>:<generation>` into `(cellId, generation)`.
-pub fn parse_control_id(id: &str) -> Option<(&str, i64)> {
-    let rest = id.strip_prefix("control:")?;
-    let (cell, generation) = rest.rsplit_once(':')?;
-    if !crate::contract::validate::is_cell_id(cell) {
-        return None;
-    }
-    let g = parse_decimal(generation)?;
-    Some((cell, g))
-}
-
-/// A decimal integer 0..2^53−1 without sign or leading zeros.
-pub fn parse_decimal(s: &str) -> Option<i64> {
-    if s.is_empty() || s.len() > 16 || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    if s.len() > 1 && s.starts_with('0') {
-        return None;
-    }
-    let v: i64 = s.parse().ok()?;
-    crate::contract::validate::is_safe_integer(v).then_some(v)
-}
-
 /// Checks an activity id against its kind (director.md §5.1, §5.5).
 pub fn check_activity_id(id: &str, kind: ActivityKind) -> Result<(), ActivityError> {
-    use crate::contract::validate::is_opaque_id;
-    if id.starts_with("control-pending:") || id.starts_with("migration:") {
+    if ActivityId::director_only(id) {
         return Err(ActivityError::InvalidActivityKind);
     }
-    let ok = match kind {
-        ActivityKind::Control => parse_control_id(id).is_some(),
-        ActivityKind::Splice => id.strip_prefix("splice:").is_some_and(is_opaque_id),
-        ActivityKind::Invite => id
-            .strip_prefix("invite:")
-            .or_else(|| id.strip_prefix("invite-offer:"))
-            .is_some_and(is_opaque_id),
-        ActivityKind::Install => id.strip_prefix("install:").is_some_and(is_opaque_id),
-        ActivityKind::Confirmation => id.strip_prefix("confirmation:").is_some_and(is_opaque_id),
-    };
+    let ok = ActivityId::parse(id).is_some_and(|a| a.kind() == kind.lease_kind());
     if ok {
         Ok(())
     } else {
@@ -527,10 +559,7 @@ pub fn check_activity_id(id: &str, kind: ActivityKind) -> Result<(), ActivityErr
 
 /// Request units of a kind (director.md §5.1).
 pub fn kind_units(kind: ActivityKind) -> i64 {
-    match kind {
-        ActivityKind::Splice => 2,
-        _ => 1,
-    }
+    kind.units()
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -576,7 +605,11 @@ pub async fn activate_control(
     req: &ActivateControl,
     now: i64,
 ) -> Result<String, ActivityError> {
-    let id = format!("control:{}:{}", req.cell_id, req.generation);
+    let id = ActivityId::Control {
+        cell_id: req.cell_id.clone(),
+        generation: req.generation,
+    }
+    .to_string();
     let incarnation = req.cell_incarnation.to_ascii_lowercase();
     transaction!(db, "activity-lease", |tx| {
         let row = lock_row(tx, host, Some(CELL_DRIVEN_WAIT_MS)).await?;
@@ -586,7 +619,10 @@ pub async fn activate_control(
         };
         let leases = lock_leases(tx, host).await?;
         lock_reservations(tx, host).await?;
-        let pending_id = format!("control-pending:{}", row.assignment_epoch);
+        let pending_id = ActivityId::ControlPending {
+            epoch: row.assignment_epoch,
+        }
+        .to_string();
         let pending = leases
             .iter()
             .find(|l| l.activity_id == pending_id && l.cell_id == req.cell_id);
@@ -610,7 +646,7 @@ pub async fn activate_control(
                     tx,
                     host,
                     &id,
-                    "control",
+                    LeaseKind::Control,
                     &req.cell_id,
                     1,
                     now + LEASE_TTL_MS,
@@ -742,7 +778,7 @@ pub async fn acquire_activity(
                     tx,
                     host,
                     activity_id,
-                    kind.as_str(),
+                    kind.lease_kind(),
                     cell_id,
                     units,
                     expires_at,
@@ -824,7 +860,7 @@ pub async fn renew_control_activities(
                     params![&h.user_id, &h.relay_host_id],
                 )
                 .await?;
-            let row = r.map(|r| AssignmentRow::from_row(&r));
+            let row = r.map(|r| row_from(&r));
             locked.insert(*h, row);
         }
         let mut out = Vec::with_capacity(rows.len());
@@ -864,7 +900,7 @@ pub async fn renew_control_activities(
                     params![&r.host.user_id, &r.host.relay_host_id, &r.activity_id],
                 )
                 .await?
-                .map(|x| Lease::from_row(&x));
+                .map(|x| lease_from(&x));
             let lease = match lease {
                 Some(l) => l,
                 None => {

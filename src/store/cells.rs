@@ -1,10 +1,9 @@
 //! Cell rows, runtime rows and fences (director.md §1.1, §3.6, §3.8, §4): reads into the plain
-//! [`CellView`] the placement rules take, the heartbeat transaction, cell upserts and state changes.
+//! [`CellView`] the placement rules take, the row writes of the heartbeat transaction (which the
+//! director's heartbeat service composes), cell upserts and state changes.
 
 use super::{Db, DbError, Row, Tx, Value};
-use crate::director::liveness::{
-    incarnation_verdict, Admission, CellView, Fence, IncarnationVerdict, Runtime, Telemetry,
-};
+pub use crate::model::{Admission, Beat, BeatTelemetry, CellView, Fence, Runtime, Telemetry};
 use crate::params;
 
 /// Columns of a cell row, in the order [`cell_from_row`] reads them.
@@ -206,121 +205,51 @@ pub async fn view(db: &Db, cell_id: &str) -> Result<Option<CellView>, DbError> {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Heartbeats (director.md §3.6)
+// Heartbeats (director.md §3.6): the primitives of the director's heartbeat transaction.
 
-/// A heartbeat that passed the schema checks, incarnation lowercased.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Beat {
-    pub cell_id: String,
-    pub cell_url: String,
-    pub region: String,
-    pub cell_incarnation: String,
-    pub started_at: i64,
-    pub ready: bool,
-    pub observed_requests: i64,
-    /// (total, inFlight, reservedUnits, enforcedUnits, hardCap, bound, watermark)
-    pub telemetry: Option<[i64; 7]>,
-}
-
-/// Refusals of the heartbeat transaction (409 codes) or a database failure.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BeatError {
-    Refused(&'static str),
-    Db(DbError),
-}
-
-impl From<DbError> for BeatError {
-    fn from(e: DbError) -> Self {
-        BeatError::Db(e)
-    }
-}
-
-impl super::RetryClass for BeatError {
-    fn retry_code(&self) -> Option<&'static str> {
-        match self {
-            BeatError::Db(e) => e.retry_code(),
-            _ => None,
-        }
-    }
-}
-
-/// Applies an accepted heartbeat, then releases reservations it settles (§4.4). A refused beat of
-/// an existing cell still deletes the cell's fence.
-pub async fn heartbeat(db: &Db, beat: &Beat, now: i64) -> Result<(), BeatError> {
-    let result: Result<bool, BeatError> =
-        crate::transaction!(db, "cell-runtime", |tx| apply_beat(tx, beat, now).await);
-    match result {
-        Ok(_) => {
-            let _ = release_after_beat(db, beat, now).await;
-            Ok(())
-        }
-        Err(BeatError::Refused(code)) => {
-            if code != "cell_not_found" {
-                let _ = delete_fence(db, &beat.cell_id).await;
-            }
-            Err(BeatError::Refused(code))
-        }
-        Err(e) => Err(e),
-    }
-}
-
-async fn apply_beat(tx: &mut Tx, beat: &Beat, now: i64) -> Result<bool, BeatError> {
-    tx.set_lock_timeout(1_000).await?;
-    let cell = tx
+/// Locks the cell row (tier 4) and reads it without runtime or fence.
+pub async fn lock_cell(tx: &mut Tx, cell_id: &str) -> Result<Option<CellView>, DbError> {
+    Ok(tx
         .query_opt(
             &format!("SELECT {CELL_COLUMNS} FROM relay_cells WHERE cell_id = $1 FOR UPDATE"),
-            params![&beat.cell_id],
+            params![cell_id],
         )
         .await?
-        .map(|r| cell_from_row(&r));
-    let cell = cell.ok_or(BeatError::Refused("cell_not_found"))?;
-    if cell.cell_url != beat.cell_url {
-        return Err(BeatError::Refused("cell_origin_mismatch"));
-    }
-    if cell.region != beat.region {
-        return Err(BeatError::Refused("cell_region_mismatch"));
-    }
-    let stored = tx
+        .map(|r| cell_from_row(&r)))
+}
+
+/// Locks and reads the cell's runtime row.
+pub async fn lock_runtime(tx: &mut Tx, cell_id: &str) -> Result<Option<Runtime>, DbError> {
+    Ok(tx
         .query_opt(
             &format!(
                 "SELECT {RUNTIME_COLUMNS} FROM relay_cell_runtime WHERE cell_id = $1 FOR UPDATE"
             ),
-            params![&beat.cell_id],
+            params![cell_id],
         )
         .await?
-        .map(|r| runtime_from_row(&r));
-    let verdict = incarnation_verdict(
-        stored
-            .as_ref()
-            .map(|r| (r.cell_incarnation.as_str(), r.started_at)),
-        &beat.cell_incarnation,
-        beat.started_at,
+        .map(|r| runtime_from_row(&r)))
+}
+
+/// Writes the runtime row of an accepted beat: inserts it when `insert`, else updates it, clearing
+/// the regional-rehome protocol and safety report when `reset` (a new process).
+pub async fn write_runtime(
+    tx: &mut Tx,
+    beat: &Beat,
+    insert: bool,
+    reset: bool,
+    now: i64,
+) -> Result<(), DbError> {
+    let t = beat.telemetry;
+    let (total, in_flight, reserved, enforced, watermark) = (
+        t.map(|t| t.total_connections),
+        t.map(|t| t.in_flight_connections),
+        t.map(|t| t.reserved_connection_units),
+        t.map(|t| t.enforced_connection_units),
+        t.map(|t| t.connection_inclusion_watermark),
     );
-    if verdict == IncarnationVerdict::Stale {
-        return Err(BeatError::Refused("stale_cell_incarnation"));
-    }
-    match (cell.connection_hard_cap, &beat.telemetry) {
-        (Some(cap), Some(t)) => {
-            if t[4] != cap || Some(t[5]) != cell.connection_unobserved_bound {
-                return Err(BeatError::Refused("cell_connection_telemetry_mismatch"));
-            }
-        }
-        (Some(_), None) => return Err(BeatError::Refused("cell_connection_telemetry_mismatch")),
-        (None, Some(_)) => return Err(BeatError::Refused("cell_connection_limit_not_configured")),
-        (None, None) => {}
-    }
-    if let (Some(s), Some(t), IncarnationVerdict::Accept) = (&stored, &beat.telemetry, verdict) {
-        if s.telemetry
-            .as_ref()
-            .is_some_and(|st| t[6] <= st.inclusion_watermark)
-        {
-            return Err(BeatError::Refused("stale_connection_snapshot"));
-        }
-    }
-    let t = beat.telemetry.map(|t| t.map(Some)).unwrap_or([None; 7]);
-    let observed_at = beat.telemetry.map(|_| now);
-    let reset = stored.is_none() || verdict == IncarnationVerdict::Takeover;
-    if stored.is_none() {
+    let observed_at = t.map(|_| now);
+    if insert {
         tx.execute(
             "INSERT INTO relay_cell_runtime (cell_id, cell_incarnation, started_at, ready, observed_requests, \
              last_heartbeat_at, total_connections, in_flight_connections, reserved_connection_units, \
@@ -334,11 +263,11 @@ async fn apply_beat(tx: &mut Tx, beat: &Beat, now: i64) -> Result<bool, BeatErro
                 beat.ready,
                 beat.observed_requests,
                 now,
-                t[0],
-                t[1],
-                t[2],
-                t[3],
-                t[6],
+                total,
+                in_flight,
+                reserved,
+                enforced,
+                watermark,
                 observed_at
             ],
         )
@@ -360,34 +289,61 @@ async fn apply_beat(tx: &mut Tx, beat: &Beat, now: i64) -> Result<bool, BeatErro
                 beat.ready,
                 beat.observed_requests,
                 now,
-                t[0],
-                t[1],
-                t[2],
-                t[3],
-                t[6],
+                total,
+                in_flight,
+                reserved,
+                enforced,
+                watermark,
                 observed_at,
                 reset
             ],
         )
         .await?;
     }
-    tx.execute(
-        "DELETE FROM relay_cell_fences WHERE cell_id = $1",
-        params![&beat.cell_id],
-    )
-    .await?;
-    Ok(reset)
+    Ok(())
 }
 
-/// §4.4: claimed reservations of this cell that the beat accounts for (same incarnation and
+/// Stores the cell's regional-rehome protocol and safety report (director.md §3.7).
+pub async fn set_rehome_status(
+    tx: &mut Tx,
+    cell_id: &str,
+    protocol: i64,
+    safety_json: &str,
+    now: i64,
+) -> Result<(), DbError> {
+    tx.execute(
+        "UPDATE relay_cell_runtime SET regional_rehome_protocol = $2, safety_json = $3, \
+         safety_received_at = $4, updated_at = $4 WHERE cell_id = $1",
+        params![cell_id, protocol, safety_json, now],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Deletes the cell's fence inside the caller's transaction (which holds the cell row).
+pub async fn delete_fence_in(tx: &mut Tx, cell_id: &str) -> Result<(), DbError> {
+    tx.execute(
+        "DELETE FROM relay_cell_fences WHERE cell_id = $1",
+        params![cell_id],
+    )
+    .await?;
+    Ok(())
+}
+
+/// §4.4: claimed reservations of this cell that a beat accounts for (same incarnation and
 /// watermark ≤ W) or that belong to another incarnation → `released`.
-async fn release_after_beat(db: &Db, beat: &Beat, now: i64) -> Result<(), DbError> {
-    let watermark = beat.telemetry.map(|t| t[6]);
+pub async fn release_settled_reservations(
+    db: &Db,
+    cell_id: &str,
+    incarnation: &str,
+    watermark: Option<i64>,
+    now: i64,
+) -> Result<(), DbError> {
     db.execute(
         "UPDATE relay_connection_reservations SET state = 'released', released_at = $4 \
          WHERE cell_id = $1 AND state = 'claimed' AND (cell_incarnation IS NULL OR cell_incarnation <> $2 \
          OR (CAST($3 AS BIGINT) IS NOT NULL AND inclusion_watermark IS NOT NULL AND inclusion_watermark <= CAST($3 AS BIGINT)))",
-        params![&beat.cell_id, &beat.cell_incarnation, watermark, now],
+        params![cell_id, incarnation, watermark, now],
     )
     .await?;
     Ok(())
@@ -401,11 +357,7 @@ pub async fn delete_fence(db: &Db, cell_id: &str) -> Result<(), DbError> {
             params![cell_id],
         )
         .await?;
-        tx.execute(
-            "DELETE FROM relay_cell_fences WHERE cell_id = $1",
-            params![cell_id],
-        )
-        .await?;
+        delete_fence_in(tx, cell_id).await?;
         Ok::<_, DbError>(())
     })
 }
@@ -586,13 +538,16 @@ pub async fn set_state(
     })
 }
 
-/// `cell-fence` (§4.3).
+/// `cell-fence` (§4.3): writes `fence` when the cell is `existing-only` and its runtime row belongs
+/// to the fence's incarnation and was last heard at or before `heard_by` (the caller's staleness
+/// bound).
 pub async fn attest_fence(
     db: &Db,
     cell_id: &str,
-    incarnation: &str,
-    now: i64,
+    fence: &Fence,
+    heard_by: i64,
 ) -> Result<Fence, CellError> {
+    let incarnation = fence.cell_incarnation.as_str();
     crate::transaction!(db, "cells", |tx| {
         let row = tx
             .query_opt(
@@ -614,21 +569,16 @@ pub async fn attest_fence(
             Some(r) if r.str(0) == incarnation => r,
             _ => return Err(CellError::Refused("cell_fence_runtime_mismatch")),
         };
-        if rt.i64(1) > now - crate::director::liveness::HEARTBEAT_TTL_MS {
+        if rt.i64(1) > heard_by {
             return Err(CellError::Refused("cell_fence_runtime_not_stale"));
         }
-        let fence = Fence {
-            cell_incarnation: incarnation.to_string(),
-            attested_at: now,
-            expires_at: now + crate::director::liveness::FENCE_TTL_MS,
-        };
         tx.execute(
             "INSERT INTO relay_cell_fences (cell_id, cell_incarnation, attested_at, expires_at) VALUES ($1, $2, $3, $4) \
              ON CONFLICT (cell_id) DO UPDATE SET cell_incarnation = $2, attested_at = $3, expires_at = $4",
             params![cell_id, incarnation, fence.attested_at, fence.expires_at],
         )
         .await?;
-        Ok(fence)
+        Ok(fence.clone())
     })
 }
 

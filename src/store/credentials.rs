@@ -192,12 +192,42 @@ pub async fn resolve(
     token: &str,
     now: i64,
 ) -> Result<Option<Resolved>, DbError> {
+    if let Some(r) = resolve_resume(db, relay_host_id, token, now).await? {
+        return Ok(Some(r));
+    }
+    let hash = token_hash(token);
+    let row = db
+        .query(
+            "SELECT user_id, relay_device_id, token_hash FROM relay_invites WHERE token_hash = $1 AND relay_host_id = $2 \
+             AND state IN ('available', 'reserved', 'cooldown') AND attempt_count < max_attempts AND expires_at > $3",
+            params![hash.as_str(), relay_host_id, now],
+        )
+        .await?;
+    Ok(row
+        .first()
+        .filter(|r| ct_eq_str(&r.str(2), &hash))
+        .map(|r| Resolved::Invite {
+            hash: r.str(2),
+            user_id: r.str(0),
+            device: r.str(1),
+        }))
+}
+
+/// Resolves `token` as a resume token of `relay_host_id` only (current or, within its grace, the
+/// previous one); the lowest `userId` wins if two users' devices ever shared a token.
+pub async fn resolve_resume(
+    db: &Db,
+    relay_host_id: &str,
+    token: &str,
+    now: i64,
+) -> Result<Option<Resolved>, DbError> {
     let hash = token_hash(token);
     let rows = db
         .query(
             "SELECT user_id, relay_device_id, current_hash, current_version, current_expires_at, grace_hash, \
              grace_version, grace_expires_at FROM relay_devices \
-             WHERE relay_host_id = $1 AND (current_hash = $2 OR grace_hash = $2) AND revoked_at IS NULL",
+             WHERE relay_host_id = $1 AND (current_hash = $2 OR grace_hash = $2) AND revoked_at IS NULL \
+             ORDER BY user_id, relay_device_id",
             params![relay_host_id, hash.as_str()],
         )
         .await?;
@@ -226,21 +256,7 @@ pub async fn resolve(
             }));
         }
     }
-    let row = db
-        .query(
-            "SELECT user_id, relay_device_id, token_hash FROM relay_invites WHERE token_hash = $1 AND relay_host_id = $2 \
-             AND state IN ('available', 'reserved', 'cooldown') AND attempt_count < max_attempts AND expires_at > $3",
-            params![hash.as_str(), relay_host_id, now],
-        )
-        .await?;
-    Ok(row
-        .first()
-        .filter(|r| ct_eq_str(&r.str(2), &hash))
-        .map(|r| Resolved::Invite {
-            hash: r.str(2),
-            user_id: r.str(0),
-            device: r.str(1),
-        }))
+    Ok(None)
 }
 
 /// A held invite reservation.

@@ -1,239 +1,96 @@
-//! Evacuations and migrations (director.md §7) and the per-host sweep steps (§5.6): each operation
-//! locks the assignment row first, then the host's rows, then the cells it touches in one
-//! statement.
+//! Migration rows (director.md §7) and the reads the sweep chain (§5.6) starts from. The
+//! director's migrate service composes these into its transactions.
 
-use serde_json::{json, Value as Json};
-
-use super::assignments::{
-    charge_cell, delete_lease, insert_lease, lock_leases, lock_open_migration, lock_reservations,
-    lock_row, refresh_row, release_epoch_reservations, reserve_connection, HostKey, Lease,
-    OpenMigration,
-};
-use super::cells::{self, lock_cells, Reader, Which};
 use super::{Db, DbError, Row, Tx};
-use crate::director::liveness::{Admission, CellView};
-use crate::director::placement::{select, HostView, Scope};
+use crate::model::{HostKey, Migration};
 use crate::params;
 
-/// Migration window of an evacuation and lease lifetime of its leases.
-pub const EVACUATION_WINDOW_MS: i64 = 900_000;
-/// A migration older than this is settled by `expire-aged-migrations`.
-pub const MIGRATION_MAX_AGE_MS: i64 = 86_400_000;
-
+/// Columns of [`Migration`], in the order [`migration_from`] reads them.
 pub const MIGRATION_COLUMNS: &str = "user_id, relay_host_id, kind, source_cell_id, target_cell_id, \
      previous_epoch, assignment_epoch, source_request_units, target_reserved_units, arrival_deadline, \
      expires_at, target_registered_at, completed_at, aborted_at, abort_reason, created_at";
 
-/// The Migration object of §3.8 from a row read with [`MIGRATION_COLUMNS`].
-pub fn migration_json(r: &Row) -> Json {
-    json!({
-        "userId": r.str(0),
-        "relayHostId": r.str(1),
-        "kind": r.str(2),
-        "sourceCellId": r.str(3),
-        "targetCellId": r.str(4),
-        "previousEpoch": r.i64(5),
-        "assignmentEpoch": r.i64(6),
-        "sourceRequestUnits": r.i64(7),
-        "targetReservedUnits": r.i64(8),
-        "arrivalDeadline": r.i64(9),
-        "expiresAt": r.i64(10),
-        "targetRegisteredAt": r.opt_i64(11),
-        "completedAt": r.opt_i64(12),
-        "abortedAt": r.opt_i64(13),
-        "abortReason": r.opt_str(14),
-        "createdAt": r.i64(15),
-    })
-}
-
-/// Refusals of the migration operations.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MigrationError {
-    /// 404 `cell_not_found`.
-    CellNotFound,
-    /// 409 with this code.
-    Refused(&'static str),
-    Db(DbError),
-}
-
-impl From<DbError> for MigrationError {
-    fn from(e: DbError) -> Self {
-        MigrationError::Db(e)
+/// A [`Migration`] read with [`MIGRATION_COLUMNS`].
+pub fn migration_from(r: &Row) -> Migration {
+    Migration {
+        host: HostKey {
+            user_id: r.str(0),
+            relay_host_id: r.str(1),
+        },
+        kind: r.str(2),
+        source_cell_id: r.str(3),
+        target_cell_id: r.str(4),
+        previous_epoch: r.i64(5),
+        assignment_epoch: r.i64(6),
+        source_request_units: r.i64(7),
+        target_reserved_units: r.i64(8),
+        arrival_deadline: r.i64(9),
+        expires_at: r.i64(10),
+        target_registered_at: r.opt_i64(11),
+        completed_at: r.opt_i64(12),
+        aborted_at: r.opt_i64(13),
+        abort_reason: r.opt_str(14),
+        created_at: r.i64(15),
     }
 }
 
-impl super::RetryClass for MigrationError {
-    fn retry_code(&self) -> Option<&'static str> {
-        match self {
-            MigrationError::Db(e) => e.retry_code(),
-            _ => None,
-        }
+fn host_from(r: &Row) -> HostKey {
+    HostKey {
+        user_id: r.str(0),
+        relay_host_id: r.str(1),
     }
 }
 
-fn busy(e: DbError) -> MigrationError {
-    match e {
-        DbError::LockUnavailable => MigrationError::Refused("assignment_row_busy"),
-        e => MigrationError::Db(e),
-    }
+/// The host's migration at `epoch`, open or not.
+pub async fn read(tx: &mut Tx, host: &HostKey, epoch: i64) -> Result<Option<Migration>, DbError> {
+    Ok(tx
+        .query_opt(
+            &format!(
+                "SELECT {MIGRATION_COLUMNS} FROM relay_assignment_migrations WHERE user_id = $1 AND relay_host_id = $2 AND assignment_epoch = $3"
+            ),
+            params![&host.user_id, &host.relay_host_id, epoch],
+        )
+        .await?
+        .as_ref()
+        .map(migration_from))
 }
 
-async fn read_migration(tx: &mut Tx, host: &HostKey, epoch: i64) -> Result<Option<Row>, DbError> {
-    tx.query_opt(
-        &format!(
-            "SELECT {MIGRATION_COLUMNS} FROM relay_assignment_migrations WHERE user_id = $1 AND relay_host_id = $2 AND assignment_epoch = $3"
-        ),
-        params![&host.user_id, &host.relay_host_id, epoch],
-    )
-    .await
+/// The host's open migration (plain read, no lock).
+pub async fn read_open(db: &Db, host: &HostKey) -> Result<Option<Migration>, DbError> {
+    Ok(db
+        .query(
+            &format!(
+                "SELECT {MIGRATION_COLUMNS} FROM relay_assignment_migrations WHERE user_id = $1 AND relay_host_id = $2 \
+                 AND completed_at IS NULL AND aborted_at IS NULL"
+            ),
+            params![&host.user_id, &host.relay_host_id],
+        )
+        .await?
+        .first()
+        .map(migration_from))
 }
 
-/// Locks the host's row NOWAIT and its rows; `None` when there is no row.
-async fn lock_host(tx: &mut Tx, host: &HostKey) -> Result<Option<HostView>, MigrationError> {
-    let row = match lock_row(tx, host, None).await.map_err(busy)? {
-        Some(r) => r,
-        None => return Ok(None),
-    };
-    let leases = lock_leases(tx, host).await?;
-    let open_migration = lock_open_migration(tx, host).await?;
-    lock_reservations(tx, host).await?;
-    Ok(Some(HostView {
-        row,
-        leases,
-        open_migration,
-    }))
+/// What an evacuation writes (director.md §7.1).
+#[derive(Debug, Clone)]
+pub struct NewEvacuation<'a> {
+    pub assignment_epoch: i64,
+    pub source_cell_id: &'a str,
+    pub source_cell_incarnation: Option<&'a str>,
+    pub target_cell_id: &'a str,
+    pub previous_epoch: i64,
+    pub source_request_units: i64,
+    pub target_reserved_units: i64,
+    /// Arrival deadline and expiry.
+    pub deadline: i64,
 }
 
-/// `evacuate` (§7.1) to `target_cell_id`; `target_cell_id` = `None` picks `select(source region,
-/// require)` else `select(¬source region)` among candidates for the host's units + 1 (§7.5).
-pub async fn evacuate(
-    db: &Db,
-    host: &HostKey,
-    target_cell_id: Option<&str>,
-    now: i64,
-) -> Result<Json, MigrationError> {
-    crate::transaction!(db, "migration", |tx| {
-        evacuate_tx(tx, host, target_cell_id, now).await
-    })
-}
-
-async fn evacuate_tx(
+/// Inserts an `evacuation` migration row.
+pub async fn insert_evacuation(
     tx: &mut Tx,
     host: &HostKey,
-    target_cell_id: Option<&str>,
+    m: &NewEvacuation<'_>,
     now: i64,
-) -> Result<Json, MigrationError> {
-    let hv = lock_host(tx, host)
-        .await?
-        .ok_or(MigrationError::Refused("assignment_not_found"))?;
-    if let Some(m) = &hv.open_migration {
-        if Some(m.target_cell_id.as_str()) == target_cell_id {
-            let r = read_migration(tx, host, m.assignment_epoch)
-                .await?
-                .ok_or(MigrationError::Refused("migration_in_progress"))?;
-            return Ok(migration_json(&r));
-        }
-        return Err(MigrationError::Refused("migration_in_progress"));
-    }
-    let source_id = hv.row.cell_id.clone();
-    let src = hv.units_on(&source_id);
-    tx.set_lock_timeout(super::placement::CELL_WAIT_MS).await?;
-    let (source, target): (Option<CellView>, CellView) = match target_cell_id {
-        Some(t) => {
-            let cells = cells::views(Reader::Tx(tx), Which::Pair(&source_id, t), true).await?;
-            let target = cells
-                .iter()
-                .find(|c| c.cell_id == t)
-                .cloned()
-                .ok_or(MigrationError::CellNotFound)?;
-            if t == source_id {
-                return Err(MigrationError::Refused("target_matches_source"));
-            }
-            (cells.into_iter().find(|c| c.cell_id == source_id), target)
-        }
-        None => {
-            let cells = cells::views(Reader::Tx(tx), Which::All, true).await?;
-            let source = cells.iter().find(|c| c.cell_id == source_id).cloned();
-            let region = source
-                .as_ref()
-                .map(|c| c.region.clone())
-                .unwrap_or_default();
-            let target = select(
-                &cells,
-                Scope::Require(&region),
-                src + 1,
-                Some(&source_id),
-                now,
-            )
-            .or_else(|| {
-                select(
-                    &cells,
-                    Scope::Outside(&region),
-                    src + 1,
-                    Some(&source_id),
-                    now,
-                )
-            })
-            .cloned()
-            .ok_or(MigrationError::Refused("target_cell_unavailable"))?;
-            (source, target)
-        }
-    };
-    if !target.admission.enabled() || !target.live(now) {
-        return Err(MigrationError::Refused("target_cell_unavailable"));
-    }
-    if !source.as_ref().is_some_and(|s| s.live(now)) {
-        return Err(MigrationError::Refused("source_cell_unavailable"));
-    }
-    if !target.headroom(now) {
-        return Err(MigrationError::Refused(
-            "relay_connection_headroom_exhausted",
-        ));
-    }
-    if target.reserved_requests + src + 1 > target.capacity_requests {
-        return Err(MigrationError::Refused("relay_capacity_exhausted"));
-    }
-    let e = hv.row.assignment_epoch + 1;
-    release_epoch_reservations(tx, host, hv.row.assignment_epoch, now).await?;
-    let deadline = now + EVACUATION_WINDOW_MS;
-    tx.execute(
-        "UPDATE relay_assignments SET cell_id = $3, assignment_epoch = $4, last_activity_at = $5, updated_at = $5 \
-         WHERE user_id = $1 AND relay_host_id = $2",
-        params![&host.user_id, &host.relay_host_id, &target.cell_id, e, now],
-    )
-    .await?;
-    if !charge_cell(tx, &target.cell_id, src + 1, now).await? {
-        return Err(MigrationError::Refused("relay_capacity_exhausted"));
-    }
-    insert_lease(
-        tx,
-        host,
-        &format!("control-pending:{e}"),
-        "control",
-        &target.cell_id,
-        1,
-        deadline,
-        now,
-    )
-    .await?;
-    insert_lease(
-        tx,
-        host,
-        &format!("migration:{e}"),
-        "migration",
-        &target.cell_id,
-        src,
-        deadline,
-        now,
-    )
-    .await?;
-    if target.capped() {
-        reserve_connection(tx, host, e, &target.cell_id, now).await?;
-    }
-    let incarnation = source
-        .as_ref()
-        .and_then(|s| s.runtime.as_ref())
-        .map(|r| r.cell_incarnation.clone());
+) -> Result<(), DbError> {
     tx.execute(
         "INSERT INTO relay_assignment_migrations (user_id, relay_host_id, assignment_epoch, kind, source_cell_id, \
          source_cell_incarnation, target_cell_id, previous_epoch, source_request_units, target_reserved_units, \
@@ -241,515 +98,175 @@ async fn evacuate_tx(
         params![
             &host.user_id,
             &host.relay_host_id,
-            e,
-            &source_id,
-            incarnation,
-            &target.cell_id,
-            hv.row.assignment_epoch,
-            src,
-            src + 1,
-            deadline,
+            m.assignment_epoch,
+            m.source_cell_id,
+            m.source_cell_incarnation,
+            m.target_cell_id,
+            m.previous_epoch,
+            m.source_request_units,
+            m.target_reserved_units,
+            m.deadline,
             now
         ],
     )
     .await?;
-    refresh_row(tx, host, Some(now), now).await?;
-    let r = read_migration(tx, host, e)
-        .await?
-        .ok_or(MigrationError::Refused("migration_not_found"))?;
-    Ok(migration_json(&r))
+    Ok(())
 }
 
-/// `evacuate-cell` (§7.5): `(started, skipped, remaining)`.
-pub async fn evacuate_cell(
-    db: &Db,
-    source_id: &str,
-    target_id: Option<&str>,
-    limit: i64,
+/// Sets the migration's expiry.
+pub async fn set_expiry(
+    tx: &mut Tx,
+    host: &HostKey,
+    epoch: i64,
+    expires_at: i64,
     now: i64,
-) -> Result<(i64, i64, i64), MigrationError> {
-    let all = cells::views(Reader::Db(db), Which::All, false).await?;
-    let source = all
-        .iter()
-        .find(|c| c.cell_id == source_id)
-        .ok_or(MigrationError::CellNotFound)?;
-    if let Some(t) = target_id {
-        let target = all
-            .iter()
-            .find(|c| c.cell_id == t)
-            .ok_or(MigrationError::CellNotFound)?;
-        if t == source_id {
-            return Err(MigrationError::Refused("target_matches_source"));
-        }
-        if !target.admission.enabled() || !target.live(now) {
-            return Err(MigrationError::Refused("target_cell_unavailable"));
-        }
-    }
-    if !source.live(now) {
-        return Err(MigrationError::Refused("source_cell_unavailable"));
-    }
-    let hosts = hosts_without_migration(db, source_id, Some(limit)).await?;
-    let (mut started, mut skipped) = (0, 0);
-    for h in hosts {
-        match evacuate(db, &h, target_id, now).await {
-            Ok(_) => started += 1,
-            Err(MigrationError::Db(e)) if !e.is_transient() => return Err(MigrationError::Db(e)),
-            Err(_) => skipped += 1,
-        }
-    }
-    let remaining = hosts_without_migration(db, source_id, None).await?.len() as i64;
-    Ok((started, skipped, remaining))
+) -> Result<(), DbError> {
+    tx.execute(
+        "UPDATE relay_assignment_migrations SET expires_at = $4, updated_at = $5 WHERE user_id = $1 AND relay_host_id = $2 AND assignment_epoch = $3",
+        params![&host.user_id, &host.relay_host_id, epoch, expires_at, now],
+    )
+    .await?;
+    Ok(())
 }
 
-async fn hosts_without_migration(
+/// Marks the migration completed.
+pub async fn mark_completed(
+    tx: &mut Tx,
+    host: &HostKey,
+    epoch: i64,
+    now: i64,
+) -> Result<(), DbError> {
+    tx.execute(
+        "UPDATE relay_assignment_migrations SET completed_at = $4, updated_at = $4 WHERE user_id = $1 \
+         AND relay_host_id = $2 AND assignment_epoch = $3",
+        params![&host.user_id, &host.relay_host_id, epoch, now],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Aborts an open migration (the caller holds the host rows).
+pub async fn abort_migration(
+    tx: &mut Tx,
+    host: &HostKey,
+    epoch: i64,
+    reason: &str,
+    now: i64,
+) -> Result<(), DbError> {
+    tx.execute(
+        "UPDATE relay_assignment_migrations SET aborted_at = $4, abort_reason = $5, updated_at = $4 \
+         WHERE user_id = $1 AND relay_host_id = $2 AND assignment_epoch = $3 AND completed_at IS NULL AND aborted_at IS NULL",
+        params![&host.user_id, &host.relay_host_id, epoch, now, reason],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Hosts homed on `cell_id` without an open migration, in key order, at most `limit`.
+pub async fn hosts_without_migration(
     db: &Db,
     cell_id: &str,
     limit: Option<i64>,
 ) -> Result<Vec<HostKey>, DbError> {
+    hosts_on_cell(db, cell_id, false, limit.unwrap_or(i64::MAX / 2)).await
+}
+
+/// Hosts homed on `cell_id`, in key order, at most `limit`; those with an open migration only when
+/// `with_migrating`.
+pub async fn hosts_on_cell(
+    db: &Db,
+    cell_id: &str,
+    with_migrating: bool,
+    limit: i64,
+) -> Result<Vec<HostKey>, DbError> {
     let rows = db
         .query(
-            "SELECT a.user_id, a.relay_host_id FROM relay_assignments a WHERE a.cell_id = $1 AND NOT EXISTS \
+            "SELECT a.user_id, a.relay_host_id FROM relay_assignments a WHERE a.cell_id = $1 AND ($2 OR NOT EXISTS \
              (SELECT 1 FROM relay_assignment_migrations m WHERE m.user_id = a.user_id AND m.relay_host_id = a.relay_host_id \
-             AND m.completed_at IS NULL AND m.aborted_at IS NULL) ORDER BY a.user_id, a.relay_host_id LIMIT $2",
-            params![cell_id, limit.unwrap_or(i64::MAX / 2)],
+             AND m.completed_at IS NULL AND m.aborted_at IS NULL)) ORDER BY a.user_id, a.relay_host_id LIMIT $3",
+            params![cell_id, with_migrating, limit],
         )
         .await?;
-    Ok(rows
-        .iter()
-        .map(|r| HostKey {
-            user_id: r.str(0),
-            relay_host_id: r.str(1),
-        })
-        .collect())
+    Ok(rows.iter().map(host_from).collect())
 }
 
-/// `migration-complete` (§7.3).
-pub async fn complete(
+/// Which open migrations a sweep step visits.
+#[derive(Debug, Clone, Copy)]
+pub enum OpenFilter {
+    /// Target registered, created after the instant.
+    RegisteredSince(i64),
+    /// Target registered.
+    Registered,
+    /// Target not registered and arrival deadline at or before the instant.
+    UnarrivedBy(i64),
+    /// Created at or before the instant.
+    CreatedBy(i64),
+}
+
+/// Open migrations matching `filter`: `(host, epoch)` in key order, at most `limit`.
+pub async fn open_migrations(
     db: &Db,
-    host: &HostKey,
-    epoch: i64,
-    now: i64,
-) -> Result<Json, MigrationError> {
-    crate::transaction!(db, "migration", |tx| complete_tx(tx, host, epoch, now)
-        .await)
-}
-
-async fn complete_tx(
-    tx: &mut Tx,
-    host: &HostKey,
-    epoch: i64,
-    now: i64,
-) -> Result<Json, MigrationError> {
-    let hv = lock_host(tx, host)
-        .await?
-        .ok_or(MigrationError::Refused("migration_not_found"))?;
-    let m = match &hv.open_migration {
-        Some(m) if m.assignment_epoch == epoch => m.clone(),
-        _ => return Err(MigrationError::Refused("migration_not_found")),
-    };
-    completion_check(tx, &hv, &m, now).await?;
-    settle(tx, host, &hv, &m, now).await?;
-    let r = read_migration(tx, host, epoch)
-        .await?
-        .ok_or(MigrationError::Refused("migration_not_found"))?;
-    Ok(migration_json(&r))
-}
-
-/// The §7.3 conditions after "exists and open".
-async fn completion_check(
-    tx: &mut Tx,
-    hv: &HostView,
-    m: &OpenMigration,
-    now: i64,
-) -> Result<(), MigrationError> {
-    if hv.row.cell_id != m.target_cell_id || hv.row.assignment_epoch != m.assignment_epoch {
-        return Err(MigrationError::Refused("migration_assignment_mismatch"));
-    }
-    if m.target_registered_at.is_none() {
-        return Err(MigrationError::Refused("migration_target_not_registered"));
-    }
-    if hv.leases.iter().any(|l| l.cell_id == m.source_cell_id) {
-        return Err(MigrationError::Refused("migration_source_still_active"));
-    }
-    let target = cells::views(Reader::Tx(tx), Which::One(&m.target_cell_id), false)
-        .await?
-        .into_iter()
-        .next();
-    let active = target.as_ref().is_some_and(|t| {
-        let rt = match (&t.runtime, t.live(now)) {
-            (Some(rt), true) => rt,
-            _ => return false,
-        };
-        let prefix = format!("control:{}:", m.target_cell_id);
-        hv.leases.iter().any(|l| {
-            l.activity_id.starts_with(&prefix)
-                && l.cell_incarnation.as_deref() == Some(rt.cell_incarnation.as_str())
-                && l.renewed_at.is_some_and(|r| r >= rt.started_at)
-        })
-    });
-    if !active {
-        return Err(MigrationError::Refused("migration_target_not_active"));
-    }
-    Ok(())
-}
-
-/// Deletes `migration:<e>` (freeing its units) and completes the migration.
-async fn settle(
-    tx: &mut Tx,
-    host: &HostKey,
-    hv: &HostView,
-    m: &OpenMigration,
-    now: i64,
-) -> Result<(), DbError> {
-    let id = format!("migration:{}", m.assignment_epoch);
-    if let Some(l) = hv.leases.iter().find(|l| l.activity_id == id) {
-        lock_cells(tx, std::slice::from_ref(&l.cell_id)).await?;
-        delete_lease(tx, host, l, now).await?;
-    }
-    tx.execute(
-        "UPDATE relay_assignment_migrations SET completed_at = $4, updated_at = $4 WHERE user_id = $1 \
-         AND relay_host_id = $2 AND assignment_epoch = $3",
-        params![&host.user_id, &host.relay_host_id, m.assignment_epoch, now],
-    )
-    .await?;
-    refresh_row(tx, host, None, now).await?;
-    Ok(())
-}
-
-// ---------------------------------------------------------------------------------------------------
-// Sweep steps (§5.6). Each returns (done, skipped-busy).
-
-/// Outcome of one sweep step.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct SweepCount {
-    pub done: u64,
-    pub skipped: u64,
-}
-
-async fn open_migrations(
-    db: &Db,
-    extra: &str,
-    p: &[super::Value],
+    filter: OpenFilter,
+    limit: i64,
 ) -> Result<Vec<(HostKey, i64)>, DbError> {
+    let (extra, at) = match filter {
+        OpenFilter::RegisteredSince(t) => (
+            " AND target_registered_at IS NOT NULL AND created_at > CAST($2 AS BIGINT)",
+            Some(t),
+        ),
+        OpenFilter::Registered => (
+            " AND target_registered_at IS NOT NULL AND CAST($2 AS BIGINT) IS NULL",
+            None,
+        ),
+        OpenFilter::UnarrivedBy(t) => (
+            " AND target_registered_at IS NULL AND arrival_deadline <= CAST($2 AS BIGINT)",
+            Some(t),
+        ),
+        OpenFilter::CreatedBy(t) => (" AND created_at <= CAST($2 AS BIGINT)", Some(t)),
+    };
     let rows = db
         .query(
             &format!(
                 "SELECT user_id, relay_host_id, assignment_epoch FROM relay_assignment_migrations \
-                 WHERE completed_at IS NULL AND aborted_at IS NULL{extra} ORDER BY user_id, relay_host_id LIMIT 100"
+                 WHERE completed_at IS NULL AND aborted_at IS NULL{extra} ORDER BY user_id, relay_host_id LIMIT $1"
             ),
-            p,
+            params![limit, at],
         )
         .await?;
-    Ok(rows
-        .iter()
-        .map(|r| {
-            (
-                HostKey {
-                    user_id: r.str(0),
-                    relay_host_id: r.str(1),
-                },
-                r.i64(2),
-            )
-        })
-        .collect())
+    Ok(rows.iter().map(|r| (host_from(r), r.i64(2))).collect())
 }
 
-/// Runs `f` per host in its own transaction; a busy row counts as skipped.
-macro_rules! per_host {
-    ($db:expr, $items:expr, |$tx:ident, $host:ident, $epoch:ident| $body:expr) => {{
-        let mut count = SweepCount::default();
-        for ($host, $epoch) in $items {
-            let r: Result<bool, MigrationError> =
-                crate::transaction!($db, "migration", |$tx| { $body });
-            match r {
-                Ok(true) => count.done += 1,
-                Ok(false) => {}
-                Err(MigrationError::Refused("assignment_row_busy")) => count.skipped += 1,
-                Err(MigrationError::Db(e)) => return Err(e),
-                Err(_) => {}
-            }
-        }
-        Ok(count)
-    }};
-}
-
-/// `refresh-migrations`.
-pub async fn refresh_migrations(db: &Db, now: i64) -> Result<SweepCount, DbError> {
-    let items = open_migrations(
-        db,
-        " AND target_registered_at IS NOT NULL AND created_at > $1",
-        params![now - MIGRATION_MAX_AGE_MS],
-    )
-    .await?;
-    per_host!(db, items, |tx, host, epoch| {
-        let hv = match lock_host(tx, &host).await? {
-            Some(h) => h,
-            None => return Ok(false),
-        };
-        if hv.open_migration.as_ref().map(|m| m.assignment_epoch) != Some(epoch) {
-            return Ok(false);
-        }
-        let exp = now + EVACUATION_WINDOW_MS;
-        tx.execute(
-            "UPDATE relay_assignment_migrations SET expires_at = $4, updated_at = $5 WHERE user_id = $1 AND relay_host_id = $2 AND assignment_epoch = $3",
-            params![&host.user_id, &host.relay_host_id, epoch, exp, now],
-        )
-        .await?;
-        tx.execute(
-            "UPDATE relay_assignment_activity_leases SET expires_at = $4, updated_at = $5 WHERE user_id = $1 AND relay_host_id = $2 AND activity_id = $3",
-            params![&host.user_id, &host.relay_host_id, format!("migration:{epoch}"), exp, now],
-        )
-        .await?;
-        refresh_row(tx, &host, None, now).await?;
-        Ok(true)
-    })
-}
-
-/// `complete-ready-migrations`.
-pub async fn complete_ready(db: &Db, now: i64) -> Result<SweepCount, DbError> {
-    let items = open_migrations(db, " AND target_registered_at IS NOT NULL", &[]).await?;
-    per_host!(db, items, |tx, host, epoch| {
-        let hv = match lock_host(tx, &host).await? {
-            Some(h) => h,
-            None => return Ok(false),
-        };
-        let m = match &hv.open_migration {
-            Some(m) if m.assignment_epoch == epoch => m.clone(),
-            _ => return Ok(false),
-        };
-        match completion_check(tx, &hv, &m, now).await {
-            Ok(()) => {}
-            Err(MigrationError::Refused(_)) => return Ok(false),
-            Err(e) => return Err(e),
-        }
-        settle(tx, &host, &hv, &m, now).await?;
-        Ok(true)
-    })
-}
-
-/// `expire-unarrived-migrations`: rollback to a live source, else settle on the target.
-pub async fn expire_unarrived(db: &Db, now: i64) -> Result<SweepCount, DbError> {
-    let items = open_migrations(
-        db,
-        " AND target_registered_at IS NULL AND arrival_deadline <= $1",
-        params![now],
-    )
-    .await?;
-    let mut events = Vec::new();
-    let out = per_host!(db, items, |tx, host, epoch| {
-        let hv = match lock_host(tx, &host).await? {
-            Some(h) => h,
-            None => return Ok(false),
-        };
-        let m = match &hv.open_migration {
-            Some(m) if m.assignment_epoch == epoch && m.target_registered_at.is_none() => m.clone(),
-            _ => return Ok(false),
-        };
-        tx.set_lock_timeout(super::placement::CELL_WAIT_MS).await?;
-        let cells = cells::views(
-            Reader::Tx(tx),
-            Which::Pair(&m.source_cell_id, &m.target_cell_id),
-            true,
-        )
-        .await?;
-        let source = cells.iter().find(|c| c.cell_id == m.source_cell_id);
-        let rollback = source.is_some_and(|s| {
-            s.live(now)
-                && if m.kind == "idle-rehome" {
-                    s.admission == Admission::General
-                } else {
-                    s.admission != Admission::ExistingOnly
-                }
-        });
-        if !rollback || hv.row.cell_id != m.target_cell_id || hv.row.assignment_epoch != epoch {
-            settle(tx, &host, &hv, &m, now).await?;
-            return Ok(true);
-        }
-        for id in [
-            format!("control-pending:{epoch}"),
-            format!("migration:{epoch}"),
-        ] {
-            if let Some(l) = hv
-                .leases
-                .iter()
-                .find(|l| l.activity_id == id && l.cell_id == m.target_cell_id)
-            {
-                delete_lease(tx, &host, l, now).await?;
-            }
-        }
-        release_epoch_reservations(tx, &host, epoch, now).await?;
-        let reason = if m.kind == "idle-rehome" {
-            "host_not_arrived"
-        } else {
-            "target_not_registered"
-        };
-        tx.execute(
-            "UPDATE relay_assignments SET cell_id = $3, assignment_epoch = $4, last_activity_at = $5, updated_at = $5 \
-             WHERE user_id = $1 AND relay_host_id = $2",
-            params![&host.user_id, &host.relay_host_id, &m.source_cell_id, epoch + 1, now],
-        )
-        .await?;
-        super::placement::abort_migration(tx, &host, epoch, reason, now).await?;
-        refresh_row(tx, &host, None, now).await?;
-        events.push(json!({"kind": m.kind, "sourceCellId": m.source_cell_id, "targetCellId": m.target_cell_id, "reason": reason}));
-        Ok(true)
-    });
-    for e in events {
-        crate::logging::event("orca_relay_migration_rolled_back", e);
-    }
-    out
-}
-
-/// `expire-aged-migrations`.
-pub async fn expire_aged(db: &Db, now: i64) -> Result<SweepCount, DbError> {
-    let items = open_migrations(
-        db,
-        " AND created_at <= $1",
-        params![now - MIGRATION_MAX_AGE_MS],
-    )
-    .await?;
-    per_host!(db, items, |tx, host, epoch| {
-        let hv = match lock_host(tx, &host).await? {
-            Some(h) => h,
-            None => return Ok(false),
-        };
-        let m = match &hv.open_migration {
-            Some(m) if m.assignment_epoch == epoch => m.clone(),
-            _ => return Ok(false),
-        };
-        let doomed: Vec<&Lease> = hv
-            .leases
-            .iter()
-            .filter(|l| {
-                l.cell_id == m.source_cell_id || l.activity_id == format!("migration:{epoch}")
-            })
-            .collect();
-        let ids: Vec<String> = doomed.iter().map(|l| l.cell_id.clone()).collect();
-        lock_cells(tx, &ids).await?;
-        for l in doomed {
-            delete_lease(tx, &host, l, now).await?;
-        }
-        tx.execute(
-            "UPDATE relay_assignment_migrations SET completed_at = $4, updated_at = $4 WHERE user_id = $1 \
-             AND relay_host_id = $2 AND assignment_epoch = $3",
-            params![&host.user_id, &host.relay_host_id, epoch, now],
-        )
-        .await?;
-        refresh_row(tx, &host, None, now).await?;
-        Ok(true)
-    })
-}
-
-/// `release-expired-activity-leases`: up to 500 expired leases, except the pending control and
-/// migration lease of an open migration at its epoch.
-pub async fn release_expired_leases(db: &Db, now: i64) -> Result<SweepCount, DbError> {
+/// Hosts with one of the `limit` soonest-expired leases (expired at `now`).
+pub async fn hosts_with_expired_leases(
+    db: &Db,
+    now: i64,
+    limit: i64,
+) -> Result<Vec<HostKey>, DbError> {
     let rows = db
         .query(
             "SELECT DISTINCT user_id, relay_host_id FROM (SELECT user_id, relay_host_id FROM relay_assignment_activity_leases \
-             WHERE expires_at <= $1 ORDER BY expires_at LIMIT 500) x",
-            params![now],
+             WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2) x",
+            params![now, limit],
         )
         .await?;
-    let items: Vec<(HostKey, i64)> = rows
-        .iter()
-        .map(|r| {
-            (
-                HostKey {
-                    user_id: r.str(0),
-                    relay_host_id: r.str(1),
-                },
-                0,
-            )
-        })
-        .collect();
-    per_host!(db, items, |tx, host, _e| {
-        let hv = match lock_host(tx, &host).await? {
-            Some(h) => h,
-            None => {
-                // Orphan leases of a host without a row: free them too.
-                let leases = lock_leases(tx, &host).await?;
-                let ids: Vec<String> = leases.iter().map(|l| l.cell_id.clone()).collect();
-                lock_cells(tx, &ids).await?;
-                for l in leases.iter().filter(|l| l.expires_at <= now) {
-                    delete_lease(tx, &host, l, now).await?;
-                }
-                return Ok(true);
-            }
-        };
-        let keep = hv.open_migration.as_ref().map(|m| {
-            [
-                format!("control-pending:{}", m.assignment_epoch),
-                format!("migration:{}", m.assignment_epoch),
-            ]
-        });
-        let doomed: Vec<&Lease> = hv
-            .leases
-            .iter()
-            .filter(|l| l.expires_at <= now)
-            .filter(|l| !keep.as_ref().is_some_and(|k| k.contains(&l.activity_id)))
-            .collect();
-        if doomed.is_empty() {
-            return Ok(false);
-        }
-        let ids: Vec<String> = doomed.iter().map(|l| l.cell_id.clone()).collect();
-        lock_cells(tx, &ids).await?;
-        for l in doomed {
-            delete_lease(tx, &host, l, now).await?;
-        }
-        refresh_row(tx, &host, None, now).await?;
-        Ok(true)
-    })
+    Ok(rows.iter().map(host_from).collect())
 }
 
-/// `release-connection-reservations`: late arrivals stay counted 10 min past their timeout.
-pub async fn release_old_reservations(db: &Db, now: i64) -> Result<u64, DbError> {
+/// `reserved` reservations whose timeout passed at least `grace_ms` before `now` → `released`.
+pub async fn release_old_reservations(db: &Db, now: i64, grace_ms: i64) -> Result<u64, DbError> {
     db.execute(
         "UPDATE relay_connection_reservations SET state = 'released', released_at = $1 \
-         WHERE state = 'reserved' AND timeout_at + 600000 <= $1",
-        params![now],
+         WHERE state = 'reserved' AND timeout_at + $2 <= $1",
+        params![now, grace_ms],
     )
     .await
 }
 
-/// `release-expired-region-decisions`.
-pub async fn release_old_decisions(db: &Db, now: i64) -> Result<u64, DbError> {
+/// Deletes region decisions that expired before `before`.
+pub async fn delete_region_decisions_before(db: &Db, before: i64) -> Result<u64, DbError> {
     db.execute(
         "DELETE FROM relay_region_decisions WHERE expires_at < $1",
-        params![now - 30 * 86_400_000],
+        params![before],
     )
     .await
-}
-
-/// Hosts the dead-cell sweep may move: home not live and either uncapped without an open
-/// migration or carrying a valid fence; grouped by cell, up to 100.
-pub async fn dead_cell_hosts(db: &Db, now: i64) -> Result<Vec<(String, HostKey)>, DbError> {
-    let all = cells::views(Reader::Db(db), Which::All, false).await?;
-    let mut out = Vec::new();
-    for c in all.iter().filter(|c| !c.live(now)) {
-        let fence = c.fence_valid(now);
-        if !fence && c.capped() {
-            continue;
-        }
-        let rows = db
-            .query(
-                "SELECT a.user_id, a.relay_host_id FROM relay_assignments a WHERE a.cell_id = $1 AND ($2 OR NOT EXISTS \
-                 (SELECT 1 FROM relay_assignment_migrations m WHERE m.user_id = a.user_id AND m.relay_host_id = a.relay_host_id \
-                 AND m.completed_at IS NULL AND m.aborted_at IS NULL)) ORDER BY a.user_id, a.relay_host_id LIMIT $3",
-                params![&c.cell_id, fence, 100 - out.len() as i64],
-            )
-            .await?;
-        for r in rows {
-            out.push((
-                c.cell_id.clone(),
-                HostKey {
-                    user_id: r.str(0),
-                    relay_host_id: r.str(1),
-                },
-            ));
-        }
-        if out.len() >= 100 {
-            break;
-        }
-    }
-    Ok(out)
 }

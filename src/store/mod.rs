@@ -17,7 +17,7 @@ pub mod cells;
 pub mod credentials;
 pub mod migrate;
 pub mod migrations;
-pub mod placement;
+pub mod overview;
 mod postgres;
 mod sqlite;
 pub mod testing;

@@ -1,20 +1,22 @@
-//! The `assign` transactions (director.md §5.2–§5.4): lock rows in the order of §2, hand plain rows
-//! to the pure rules of `director::placement`, and write what they decide.
+//! The director's assign service (director.md §5.2–§5.4): each transaction locks rows in the order
+//! of §2 through the store's primitives, hands the plain rows to the pure rules of
+//! [`super::placement`], writes what they decide, and logs its events after commit.
 
 use serde_json::{json, Value as Json};
 
-use super::assignments::{
-    charge_cell, delete_lease, insert_lease, lock_leases, lock_open_migration, lock_reservations,
-    lock_row, read_row, refresh_row, release_epoch_reservations, reserve_connection, HostKey,
-    LEASE_TTL_MS,
-};
-use super::cells::{self, Reader, Which};
-use super::{Db, DbError, Tx};
-use crate::director::liveness::{Admission, CellView};
-use crate::director::placement::{
+use super::liveness::{Admission, CellView};
+use super::placement::{
     decide, decide_sticky, placement_region, select, Decision, HostView, MoveKind, Refusal, Scope,
 };
-use crate::params;
+use crate::model::{ActivityId, HostKey, LeaseCounts, LeaseKind};
+use crate::store::assignments::{
+    charge_cell, delete_lease, insert_lease, insert_row, lease_expires_at, lock_host, lock_leases,
+    lock_open_migration, lock_reservations, lock_row, move_row, read_row, refresh_row,
+    release_epoch_reservations, reserve_connection, set_preferred_region, touch_row, LEASE_TTL_MS,
+};
+use crate::store::cells::{self, Reader, Which};
+use crate::store::migrations::abort_migration;
+use crate::store::{Db, DbError, RetryClass, Tx};
 
 /// Wait for cell rows in request paths (§2).
 pub const CELL_WAIT_MS: u64 = 500;
@@ -50,7 +52,7 @@ impl From<DbError> for AssignError {
     }
 }
 
-impl super::RetryClass for AssignError {
+impl RetryClass for AssignError {
     fn retry_code(&self) -> Option<&'static str> {
         match self {
             AssignError::Db(e) => e.retry_code(),
@@ -185,22 +187,8 @@ enum IStep {
 
 /// Simple host (§5.1): every lease charged to the home and invariant 2 holds.
 pub fn simple(hv: &HostView) -> bool {
-    let mut c = [0i64; 6];
-    for l in &hv.leases {
-        if l.cell_id != hv.row.cell_id {
-            return false;
-        }
-        let i = match l.kind.as_str() {
-            "control" => 0,
-            "splice" => 1,
-            "invite" => 2,
-            "install" => 3,
-            "confirmation" => 4,
-            _ => 5,
-        };
-        c[i] += 1;
-    }
-    c == hv.row.counters
+    hv.leases.iter().all(|l| l.cell_id == hv.row.cell_id)
+        && LeaseCounts::of_leases(&hv.leases) == hv.row.counters
 }
 
 /// One tier of the isolated-replacement path: never locks or writes the home row.
@@ -212,17 +200,9 @@ async fn isolated_tx(
     now: i64,
     events: &mut Vec<(&'static str, Json)>,
 ) -> Result<IStep, AssignError> {
-    let row = match lock_row(tx, host, None).await.map_err(busy)? {
-        Some(r) => r,
+    let hv = match lock_host(tx, host, None).await.map_err(busy)? {
+        Some(hv) => hv,
         None => return Ok(IStep::ToAllRows),
-    };
-    let leases = lock_leases(tx, host).await?;
-    let open_migration = lock_open_migration(tx, host).await?;
-    lock_reservations(tx, host).await?;
-    let hv = HostView {
-        row,
-        leases,
-        open_migration,
     };
     let home = cells::view_in(tx, &hv.row.cell_id).await?;
     let live = home.as_ref().is_some_and(|h| h.live(now));
@@ -266,13 +246,9 @@ async fn isolated_tx(
             "sourceLive": live,
         }),
     ));
-    let lease = tx
-        .query_opt(
-            "SELECT lease_expires_at FROM relay_assignments WHERE user_id = $1 AND relay_host_id = $2",
-            params![&host.user_id, &host.relay_host_id],
-        )
+    let lease = lease_expires_at(tx, host)
         .await?
-        .map_or(now + LEASE_TTL_MS, |r| r.i64(0));
+        .unwrap_or(now + LEASE_TTL_MS);
     Ok(IStep::Moved(Grant {
         cell_id: target.cell_id.clone(),
         cell_url: target.cell_url.clone(),
@@ -328,12 +304,7 @@ async fn assign_tx(
     lock_reservations(tx, host).await?;
     let mut row = row;
     if let Some(p) = preferred {
-        tx.execute(
-            "UPDATE relay_assignments SET preferred_region = $3, preferred_region_observed_at = $4 \
-             WHERE user_id = $1 AND relay_host_id = $2",
-            params![&host.user_id, &host.relay_host_id, p, now],
-        )
-        .await?;
+        set_preferred_region(tx, host, p, now).await?;
         row.preferred_region = Some(p.to_string());
     }
     let hv = HostView {
@@ -411,7 +382,10 @@ async fn apply(
                 if !charge_cell(tx, &home.cell_id, 1, now).await? {
                     return Err(AssignError::Refused(Refusal::CapacityExhausted));
                 }
-                let id = format!("control-pending:{}", hv.row.assignment_epoch);
+                let id = ActivityId::ControlPending {
+                    epoch: hv.row.assignment_epoch,
+                }
+                .to_string();
                 if let Some(old) = hv.leases.iter().find(|l| l.activity_id == id) {
                     delete_lease(tx, host, old, now).await?;
                 }
@@ -419,7 +393,7 @@ async fn apply(
                     tx,
                     host,
                     &id,
-                    "control",
+                    LeaseKind::Control,
                     &home.cell_id,
                     1,
                     now + LEASE_TTL_MS,
@@ -431,13 +405,7 @@ async fn apply(
                         .await?;
                 }
             }
-            tx.execute(
-                "UPDATE relay_assignments SET lease_expires_at = CASE WHEN lease_expires_at >= $3 \
-                 THEN lease_expires_at ELSE $3 END, last_activity_at = $4, updated_at = $4 \
-                 WHERE user_id = $1 AND relay_host_id = $2",
-                params![&host.user_id, &host.relay_host_id, now + LEASE_TTL_MS, now],
-            )
-            .await?;
+            touch_row(tx, host, now + LEASE_TTL_MS, now).await?;
             refresh_row(tx, host, Some(now), now).await?;
             if deferred {
                 events.push((
@@ -445,13 +413,9 @@ async fn apply(
                     json!({"reason":"no_replacement_headroom","cellId":home.cell_id,"region":home.region}),
                 ));
             }
-            let lease = tx
-                .query_opt(
-                    "SELECT lease_expires_at FROM relay_assignments WHERE user_id = $1 AND relay_host_id = $2",
-                    params![&host.user_id, &host.relay_host_id],
-                )
+            let lease = lease_expires_at(tx, host)
                 .await?
-                .map_or(now + LEASE_TTL_MS, |r| r.i64(0));
+                .unwrap_or(now + LEASE_TTL_MS);
             Ok(Grant {
                 cell_id: home.cell_id.clone(),
                 cell_url: home.cell_url.clone(),
@@ -481,13 +445,9 @@ async fn apply(
                     }),
                 ));
             }
-            let lease = tx
-                .query_opt(
-                    "SELECT lease_expires_at FROM relay_assignments WHERE user_id = $1 AND relay_host_id = $2",
-                    params![&host.user_id, &host.relay_host_id],
-                )
+            let lease = lease_expires_at(tx, host)
                 .await?
-                .map_or(now + LEASE_TTL_MS, |r| r.i64(0));
+                .unwrap_or(now + LEASE_TTL_MS);
             Ok(Grant {
                 cell_id: target.cell_id.clone(),
                 cell_url: target.cell_url.clone(),
@@ -522,38 +482,19 @@ pub async fn write_move(
             }
             release_epoch_reservations(tx, host, hv.row.assignment_epoch, now).await?;
             let e = hv.row.assignment_epoch + 1;
-            tx.execute(
-                "UPDATE relay_assignments SET cell_id = $3, assignment_epoch = $4, lease_expires_at = $5, \
-                 last_activity_at = $6, updated_at = $6 WHERE user_id = $1 AND relay_host_id = $2",
-                params![
-                    &host.user_id,
-                    &host.relay_host_id,
-                    &target.cell_id,
-                    e,
-                    now + LEASE_TTL_MS,
-                    now
-                ],
-            )
-            .await?;
+            move_row(tx, host, &target.cell_id, e, Some(now + LEASE_TTL_MS), now).await?;
             e
         }
         None => {
-            let r = tx
-                .execute(
-                    "INSERT INTO relay_assignments (user_id, relay_host_id, cell_id, assignment_epoch, \
-                     lease_expires_at, last_activity_at, preferred_region, preferred_region_observed_at, \
-                     created_at, updated_at) VALUES ($1, $2, $3, 1, $4, $5, $6, $7, $5, $5)",
-                    params![
-                        &host.user_id,
-                        &host.relay_host_id,
-                        &target.cell_id,
-                        now + LEASE_TTL_MS,
-                        now,
-                        preferred,
-                        preferred.map(|_| now)
-                    ],
-                )
-                .await;
+            let r = insert_row(
+                tx,
+                host,
+                &target.cell_id,
+                now + LEASE_TTL_MS,
+                preferred,
+                now,
+            )
+            .await;
             match r {
                 Ok(_) => 1,
                 Err(DbError::UniqueViolation) => return Err(AssignError::Restart),
@@ -567,8 +508,8 @@ pub async fn write_move(
     insert_lease(
         tx,
         host,
-        &format!("control-pending:{new_epoch}"),
-        "control",
+        &ActivityId::ControlPending { epoch: new_epoch }.to_string(),
+        LeaseKind::Control,
         &target.cell_id,
         1,
         now + LEASE_TTL_MS,
@@ -580,23 +521,6 @@ pub async fn write_move(
     }
     refresh_row(tx, host, Some(now), now).await?;
     Ok(new_epoch)
-}
-
-/// Aborts an open migration (the caller holds the host rows).
-pub async fn abort_migration(
-    tx: &mut Tx,
-    host: &HostKey,
-    epoch: i64,
-    reason: &str,
-    now: i64,
-) -> Result<(), DbError> {
-    tx.execute(
-        "UPDATE relay_assignment_migrations SET aborted_at = $4, abort_reason = $5, updated_at = $4 \
-         WHERE user_id = $1 AND relay_host_id = $2 AND assignment_epoch = $3 AND completed_at IS NULL AND aborted_at IS NULL",
-        params![&host.user_id, &host.relay_host_id, epoch, now, reason],
-    )
-    .await?;
-    Ok(())
 }
 
 /// What `/v1/resolve` answers.
@@ -636,12 +560,12 @@ pub async fn resolve(db: &Db, host: &HostKey, regions: &[String]) -> Result<Reso
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::assignments::{AssignmentRow, Lease};
+    use crate::model::{AssignmentRow, Lease};
 
-    fn lease(id: &str, kind: &str, cell: &str) -> Lease {
+    fn lease(id: &str, kind: LeaseKind, cell: &str) -> Lease {
         Lease {
             activity_id: id.into(),
-            kind: kind.into(),
+            kind,
             cell_id: cell.into(),
             request_units: 1,
             expires_at: 0,
@@ -660,19 +584,23 @@ mod tests {
                 assignment_epoch: 1,
                 lease_expires_at: 0,
                 last_activity_at: 0,
-                counters: [1, 1, 0, 0, 0, 0],
+                counters: LeaseCounts {
+                    controls: 1,
+                    splices: 1,
+                    ..LeaseCounts::default()
+                },
                 preferred_region: None,
             },
             leases: vec![
-                lease("control-pending:1", "control", "A"),
-                lease("splice:x", "splice", "A"),
+                lease("control-pending:1", LeaseKind::Control, "A"),
+                lease("splice:x", LeaseKind::Splice, "A"),
             ],
             open_migration: None,
         };
         assert!(simple(&hv));
-        hv.row.counters[1] = 2;
+        hv.row.counters.splices = 2;
         assert!(!simple(&hv), "invariant 2 broken");
-        hv.row.counters[1] = 1;
+        hv.row.counters.splices = 1;
         hv.leases[1].cell_id = "B".into();
         assert!(!simple(&hv), "a lease charged elsewhere");
     }
