@@ -8,6 +8,10 @@
 //! cargo run --release --example loadgen -- --url http://127.0.0.1:8080 --signing-key <key> \
 //!     --server-pid <pid> --pairs 100 --inflight 16 --seconds 10 --idle-pairs 9000
 //! ```
+//! `--tls-url https://… [--ca test-ca.pem] [--tls-server-pid <pid>]` adds a second server with
+//! built-in TLS: its pairs dial `wss://` and each throughput run is repeated over TLS right after
+//! the plain one, reported under `wss` with the frames/s ratio.
+//!
 //! The server should trust one proxy hop (`ORCA_RELAY_TRUSTED_PROXY_HOPS=1`): every pair sends its
 //! own `X-Forwarded-For` so pre-auth windows (30 per source per minute) are per pair.
 
@@ -32,6 +36,12 @@ struct Args {
     idle_pairs: usize,
     phones_per_host: usize,
     latency_rate: u64,
+    /// A second server with built-in TLS: the same throughput runs over `wss://`, interleaved.
+    tls_url: Option<String>,
+    tls_public_url: Option<String>,
+    tls_server_pid: Option<u32>,
+    /// PEM CA the TLS server's certificate chains to (besides the system roots).
+    ca: Option<String>,
 }
 
 fn args() -> Args {
@@ -46,6 +56,10 @@ fn args() -> Args {
         idle_pairs: 0,
         phones_per_host: 8,
         latency_rate: 10,
+        tls_url: None,
+        tls_public_url: None,
+        tls_server_pid: None,
+        ca: None,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -62,6 +76,10 @@ fn args() -> Args {
             "--idle-pairs" => a.idle_pairs = v.parse().expect("--idle-pairs"),
             "--phones-per-host" => a.phones_per_host = v.parse().expect("--phones-per-host"),
             "--latency-rate" => a.latency_rate = v.parse().expect("--latency-rate"),
+            "--tls-url" => a.tls_url = Some(v),
+            "--tls-public-url" => a.tls_public_url = Some(v),
+            "--tls-server-pid" => a.tls_server_pid = v.parse().ok(),
+            "--ca" => a.ca = Some(v),
             other => panic!("unknown flag {other}"),
         }
         i += 2;
@@ -107,18 +125,25 @@ fn keep_alive(mut c: HostControl) {
 /// Sets up `hosts` hosts with `per_host` phones each; returns the pairs.
 async fn setup(
     a: &Arc<Args>,
+    tls: bool,
     tag: &str,
     hosts: usize,
     per_host: usize,
     concurrency: usize,
 ) -> Vec<Pair> {
-    let profile = a.public_url.clone().unwrap_or_else(|| a.url.clone());
+    let (url, public) = if tls {
+        (a.tls_url.clone().unwrap(), a.tls_public_url.clone())
+    } else {
+        (a.url.clone(), a.public_url.clone())
+    };
+    let profile = public.unwrap_or_else(|| url.clone());
     let sem = Arc::new(Semaphore::new(concurrency));
     let mut tasks = Vec::new();
     for h in 0..hosts {
         let a = a.clone();
         let sem = sem.clone();
         let profile = profile.clone();
+        let url = url.clone();
         let tag = tag.to_owned();
         tasks.push(tokio::spawn(async move {
             let _permit = sem.acquire_owned().await.unwrap();
@@ -126,7 +151,7 @@ async fn setup(
             let token = id.token(&a.signing_key, &profile);
             let mut attempt = 0;
             let (cell_url, epoch) = loop {
-                match testkit::assign(&a.url, &token, &id.relay_host_id).await {
+                match testkit::assign(&url, &token, &id.relay_host_id).await {
                     Ok(x) => break x,
                     Err(e) if attempt < 20 => {
                         attempt += 1;
@@ -221,13 +246,45 @@ async fn drive(
     up: Arc<AtomicU64>,
     down: Arc<AtomicU64>,
 ) -> (ClientWs, ClientWs) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio_tungstenite::MaybeTlsStream;
-    let (MaybeTlsStream::Plain(mut p), MaybeTlsStream::Plain(mut d)) =
-        (phone.into_inner(), data.into_inner())
-    else {
-        panic!("plain TCP only");
-    };
+    let cfg = Some(testkit::client_config());
+    let role = tokio_tungstenite::tungstenite::protocol::Role::Client;
+    let wrap = |s| tokio_tungstenite::WebSocketStream::from_raw_socket(s, role, cfg);
+    match (phone.into_inner(), data.into_inner()) {
+        (MaybeTlsStream::Plain(p), MaybeTlsStream::Plain(d)) => {
+            let (p, d) = drive_raw(p, d, size, inflight, stop, up, down).await;
+            (
+                wrap(MaybeTlsStream::Plain(p)).await,
+                wrap(MaybeTlsStream::Plain(d)).await,
+            )
+        }
+        (MaybeTlsStream::Rustls(p), MaybeTlsStream::Rustls(d)) => {
+            let (p, d) = drive_raw(p, d, size, inflight, stop, up, down).await;
+            (
+                wrap(MaybeTlsStream::Rustls(p)).await,
+                wrap(MaybeTlsStream::Rustls(d)).await,
+            )
+        }
+        _ => panic!("both legs plain or both TLS"),
+    }
+}
+
+/// [`drive`] on the byte streams (plain TCP, or the TLS client streams of `wss://`).
+async fn drive_raw<S>(
+    p: S,
+    d: S,
+    size: usize,
+    inflight: usize,
+    stop: Instant,
+    up: Arc<AtomicU64>,
+    down: Arc<AtomicU64>,
+) -> (S, S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut p_r, mut p_w) = tokio::io::split(p);
+    let (mut d_r, mut d_w) = tokio::io::split(d);
     let frame = masked_frame(size);
     let batch: Vec<u8> = frame
         .iter()
@@ -271,9 +328,6 @@ async fn drive(
             break;
         }
         let (uw, ww) = (u.write_pos < u.write_end, w.write_pos < w.write_end);
-        let (p_r, p_w) = p.split();
-        let (d_r, d_w) = d.split();
-        let (mut p_r, mut p_w, mut d_r, mut d_w) = (p_r, p_w, d_r, d_w);
         tokio::select! {
             r = p_w.write(&batch[u.write_pos..u.write_end]), if uw => u.write_pos += r.expect("phone write"),
             r = d_w.write(&batch[w.write_pos..w.write_end]), if ww => w.write_pos += r.expect("data write"),
@@ -297,17 +351,10 @@ async fn drive(
             }
         }
     }
-    let _ = (p.flush().await, d.flush().await);
+    let _ = (p_w.flush().await, d_w.flush().await);
     up.fetch_add(u.frames, Ordering::Relaxed);
     down.fetch_add(w.frames, Ordering::Relaxed);
-    let cfg = Some(testkit::client_config());
-    let role = tokio_tungstenite::tungstenite::protocol::Role::Client;
-    (
-        tokio_tungstenite::WebSocketStream::from_raw_socket(MaybeTlsStream::Plain(p), role, cfg)
-            .await,
-        tokio_tungstenite::WebSocketStream::from_raw_socket(MaybeTlsStream::Plain(d), role, cfg)
-            .await,
-    )
+    (p_r.unsplit(p_w), d_r.unsplit(d_w))
 }
 
 async fn throughput(
@@ -424,15 +471,41 @@ async fn main() {
     let a = Arc::new(args());
     let mut report = serde_json::Map::new();
     let t = Instant::now();
-    let pairs = setup(&a, "tp", a.pairs, 1, 32).await;
+    if let Some(ca) = &a.ca {
+        testkit::trust_extra_ca(&std::fs::read(ca).expect("--ca file"));
+    }
+    let pairs = setup(&a, false, "tp", a.pairs, 1, 32).await;
     report.insert("pairs".into(), json!(pairs.len()));
     report.insert("setupSeconds".into(), json!(t.elapsed().as_secs_f64()));
-    let (small, pairs) = throughput(pairs, 64, a.inflight, a.seconds, a.server_pid).await;
-    eprintln!("64 B: {small}");
-    report.insert("throughput64B".into(), small);
-    let (large, pairs) = throughput(pairs, 16 * 1024, a.inflight, a.seconds, a.server_pid).await;
-    eprintln!("16 KiB: {large}");
-    report.insert("throughput16KiB".into(), large);
+    let mut tls_pairs = match &a.tls_url {
+        Some(_) => Some(setup(&a, true, "tls", a.pairs, 1, 32).await),
+        None => None,
+    };
+    let mut tls_report = serde_json::Map::new();
+    let mut pairs = pairs;
+    for (size, key) in [(64, "throughput64B"), (16 * 1024, "throughput16KiB")] {
+        let (plain, back) = throughput(pairs, size, a.inflight, a.seconds, a.server_pid).await;
+        pairs = back;
+        eprintln!("{key} ws: {plain}");
+        // Interleaved with the plain run, so both see the same machine load.
+        if let Some(tp) = tls_pairs.take() {
+            let (tls, back) = throughput(tp, size, a.inflight, a.seconds, a.tls_server_pid).await;
+            tls_pairs = Some(back);
+            eprintln!("{key} wss: {tls}");
+            let ratio = tls["framesPerSecond"].as_f64().unwrap_or(0.0)
+                / plain["framesPerSecond"].as_f64().unwrap_or(1.0).max(1.0);
+            tls_report.insert(key.into(), tls);
+            tls_report.insert(
+                format!("{key}WssToWsRatio"),
+                json!((ratio * 1000.0).round() / 1000.0),
+            );
+        }
+        report.insert(key.into(), plain);
+    }
+    if !tls_report.is_empty() {
+        report.insert("wss".into(), serde_json::Value::Object(tls_report));
+    }
+    drop(tls_pairs);
     let lat = latency(pairs, a.latency_rate, a.seconds.min(10)).await;
     eprintln!("latency: {lat}");
     report.insert("latency".into(), lat);
@@ -443,7 +516,7 @@ async fn main() {
         let per_host = a.phones_per_host.max(1);
         let hosts = a.idle_pairs.div_ceil(per_host);
         let t = Instant::now();
-        let idle = setup(&a, "idle", hosts, per_host, 32).await;
+        let idle = setup(&a, false, "idle", hosts, per_host, 32).await;
         let setup_s = t.elapsed().as_secs_f64();
         tokio::time::sleep(Duration::from_secs(3)).await;
         let after = rss_kib(pid).unwrap_or(0);

@@ -194,6 +194,8 @@ pub struct ServeArgs {
     /// OAuth token endpoint override.
     #[arg(long, env = "ORCA_PUSH_OAUTH_TOKEN_URL")]
     pub push_oauth_token_url: Option<String>,
+    #[command(flatten)]
+    pub tls: crate::tls::TlsArgs,
 }
 
 impl ServeArgs {
@@ -377,6 +379,12 @@ pub struct Config {
     pub readiness_sql_grace_ms: u64,
     pub shutdown_grace_ms: u64,
     pub push: PushConfig,
+    /// Built-in TLS of the listener; `None` = plain HTTP.
+    pub tls: Option<crate::tls::TlsSettings>,
+    /// Extra trust anchors for cluster HTTPS (`ORCA_RELAY_TLS_EXTRA_CA`).
+    pub extra_ca: crate::tls::ExtraCa,
+    /// Scheme and host of the default URLs (`http://127.0.0.1`, or https with TLS on).
+    url_base: String,
     /// Which URLs were derived from the listen port (and follow the bound port).
     url_defaults: (bool, bool, bool),
 }
@@ -566,11 +574,21 @@ impl Config {
             .trim()
             .parse()
             .or_else(|_| err("ORCA_RELAY_LISTEN must be a socket address"))?;
+        let data_dir = PathBuf::from(a.data_dir.trim());
+        let tls = crate::tls::parse_settings(&a.tls, &data_dir)?;
+        let extra_ca = crate::tls::parse_extra_ca(&a.tls)?;
+        let url_base = match &tls {
+            Some(t) => format!("https://{}", t.default_host()),
+            None => "http://127.0.0.1".to_string(),
+        };
+        let default_url = |port: u16| match &tls {
+            Some(_) if port == 443 => url_base.clone(),
+            _ => format!("{url_base}:{port}"),
+        };
         let public_url = match opt(&a.public_url) {
             Some(u) => origin("ORCA_RELAY_PUBLIC_URL", &u)?,
-            None => format!("http://127.0.0.1:{}", listen.port()),
+            None => default_url(listen.port()),
         };
-        let data_dir = PathBuf::from(a.data_dir.trim());
         let database_url = match opt(&a.database_url) {
             Some(u) => {
                 if !(u == "sqlite::memory:"
@@ -755,6 +773,13 @@ impl Config {
         )? as u64;
 
         let push = parse_push(a, &public_url, roles)?;
+        if let Some(t) = &tls {
+            // The origins this listener answers for must be covered by what it serves.
+            t.check_origin("ORCA_RELAY_PUBLIC_URL", &public_url)?;
+            if opt(&a.cell_url).is_some() && roles.cell {
+                t.check_origin("ORCA_RELAY_CELL_URL", &cell_url)?;
+            }
+        }
 
         // Secrets: generated only in the single-node shape, required otherwise.
         let single_node = roles == Roles::ALL && !is_postgres;
@@ -839,6 +864,9 @@ impl Config {
                 opt(&a.push_public_url).is_none(),
             ),
             push,
+            tls,
+            extra_ca,
+            url_base,
         })
     }
 
@@ -846,7 +874,11 @@ impl Config {
     pub fn adopt_bound_port(&mut self, port: u16) {
         let (public, cell, push) = self.url_defaults;
         if public {
-            self.public_url = format!("http://127.0.0.1:{port}");
+            self.public_url = if port == 443 && self.tls.is_some() {
+                self.url_base.clone()
+            } else {
+                format!("{}:{port}", self.url_base)
+            };
         }
         if cell {
             self.cell_url = self.public_url.clone();

@@ -19,15 +19,20 @@ struct Cli {
     command: Option<Command>,
     #[command(flatten)]
     serve: ServeArgs,
+    /// Server origin for `admin` and `host-token` (also accepted after the subcommand).
+    #[arg(long, env = "ORCA_RELAY_URL", default_value = orca_relay::cli::DEFAULT_URL)]
+    url: String,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Run the configured roles (the default command).
+    #[command(after_help = orca_relay::tls::SHAPES_HELP)]
     Serve(ServeArgs),
     /// Apply pending schema migrations to ORCA_RELAY_DATABASE_URL and exit.
     Migrate(ServeArgs),
     /// Call the operator routes of a running server and print the answer.
+    #[command(after_help = cli::ADMIN_ENV_HELP)]
     Admin {
         #[command(flatten)]
         target: cli::Target,
@@ -35,6 +40,7 @@ enum Command {
         command: cli::AdminCommand,
     },
     /// Mint a self-hosted host token against a running server (development aid).
+    #[command(after_help = cli::HOST_TOKEN_ENV_HELP)]
     HostToken {
         #[command(flatten)]
         target: cli::Target,
@@ -55,13 +61,17 @@ fn main() -> ExitCode {
         Some(Command::Serve(args)) => serve(&args),
         Some(Command::Migrate(args)) => migrate(&args),
         Some(Command::Admin { target, command }) => {
+            let target = target.or(Some(cli.url), Some(cli.serve.data_dir.into()));
             report(runtime().block_on(cli::admin(&target, &command)))
         }
         Some(Command::HostToken {
             target,
             key,
             user_id,
-        }) => report(runtime().block_on(cli::host_token(&target, &key, user_id.as_deref()))),
+        }) => {
+            let target = target.or(Some(cli.url), Some(cli.serve.data_dir.into()));
+            report(runtime().block_on(cli::host_token(&target, &key, user_id.as_deref())))
+        }
     }
 }
 

@@ -2,6 +2,11 @@
 //!
 //! Labels are bounded sets (leg, code, reason, outcome, route, cell id, store op), never host ids.
 
+pub mod process;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -45,6 +50,8 @@ pub struct Metrics {
     pub db_seconds: HistogramVec,
     pub push_queue_depth: IntGauge,
     push_counters: Vec<IntCounter>,
+    /// Series registered by the modules that move them, by name.
+    owned: Mutex<HashMap<String, IntCounterVec>>,
 }
 
 impl Default for Metrics {
@@ -142,8 +149,34 @@ impl Metrics {
                 IntGauge::new("orca_push_queue_depth", "pending push deliveries").unwrap(),
             ),
             push_counters,
-            registry: r,
+            owned: Mutex::new(HashMap::new()),
+            registry: {
+                r.register(Box::new(process::ProcessCollector::new()))
+                    .expect("register process collector");
+                r
+            },
         }
+    }
+
+    /// Registers a labelled counter owned by the module that moves it (a module registers its own
+    /// series; the core table of operations.md §2 is above). Call once per process.
+    /// Registering the same name again returns the first registration's series.
+    pub fn register_counter_vec(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        let mut owned = crate::sync::lock(&self.owned);
+        owned
+            .entry(name.to_owned())
+            .or_insert_with(|| {
+                reg(
+                    &self.registry,
+                    IntCounterVec::new(Opts::new(name, help), labels).expect("counter opts"),
+                )
+            })
+            .clone()
+    }
+
+    /// Registers a collector (e.g. one sampled at scrape time) owned by another module.
+    pub fn register_collector(&self, c: Box<dyn prometheus::core::Collector>) {
+        self.registry.register(c).expect("register collector");
     }
 
     /// Adds 1 to the push counter `name` (one of [`PUSH_COUNTERS`]).
@@ -167,6 +200,14 @@ impl Metrics {
     /// Times a store operation under `op`.
     pub fn db_timer(&self, op: &str) -> prometheus::HistogramTimer {
         self.db_seconds.with_label_values(&[op]).start_timer()
+    }
+
+    /// [`Metrics::render`] on the blocking pool: gathering reads `/proc/self` (process series).
+    pub async fn render_blocking(self: &Arc<Self>) -> String {
+        let m = self.clone();
+        tokio::task::spawn_blocking(move || m.render())
+            .await
+            .unwrap_or_default()
     }
 
     /// The Prometheus text exposition.

@@ -110,8 +110,10 @@ pub async fn start(mut config: Config) -> Result<Running, String> {
             .map_err(|e| format!("ORCA_RELAY_DATABASE_URL: migration failed: {e}"))?;
     }
     let metrics = Arc::new(Metrics::new());
+    db.observe_with(metrics.db_seconds.clone());
     let ctx = Ctx::new(config, db, metrics);
     let roles = ctx.config.roles;
+    let tls = start_tls(&ctx)?;
 
     let director = if roles.director {
         Some(Director::start(ctx.clone()).await?)
@@ -128,6 +130,9 @@ pub async fn start(mut config: Config) -> Result<Running, String> {
     } else {
         None
     };
+    if let (Some(d), Some(p)) = (&director, &push) {
+        d.attach_push_overview(p.clone());
+    }
 
     if let Some(path) = &ctx.config.secrets_file {
         log::info!("[orca-relay] secrets file: {}", path.display());
@@ -142,21 +147,29 @@ pub async fn start(mut config: Config) -> Result<Running, String> {
             "listen": addr.to_string(),
         }),
     );
-    log::info!("[orca-relay] listening on http://{addr}");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    log::info!("[orca-relay] listening on {scheme}://{addr}");
 
     let filter = routes(&ctx, director.as_ref(), cell.as_ref(), push.as_ref());
     if let Some(maddr) = ctx.config.metrics_listen {
-        spawn_metrics_listener(ctx.clone(), maddr).await?;
+        let metrics_tls = tls
+            .clone()
+            .filter(|_| ctx.config.tls.as_ref().is_some_and(|t| t.metrics_tls));
+        spawn_metrics_listener(ctx.clone(), maddr, metrics_tls).await?;
     }
     let http = TaskTracker::new();
-    let accept = tokio::spawn(accept_loop(
-        listener,
-        ctx.clone(),
-        filter,
-        director.clone(),
-        cell.clone(),
-        http.clone(),
-    ));
+    let accept = ctx.spawn(
+        "accept",
+        accept_loop(
+            listener,
+            ctx.clone(),
+            filter,
+            director.clone(),
+            cell.clone(),
+            http.clone(),
+            tls,
+        ),
+    );
     Ok(Running {
         addr,
         ctx,
@@ -207,6 +220,9 @@ impl Running {
         self.http.close();
         let _ = tokio::time::timeout(Duration::from_secs(8), self.http.wait()).await;
         self.accept.abort();
+        // Background tasks end with the shutdown token; activity releases must reach the store
+        // before the database closes.
+        self.ctx.wait_tasks(TASKS_WAIT).await;
         self.ctx.db.close();
         if push_ok {
             0
@@ -215,6 +231,9 @@ impl Running {
         }
     }
 }
+
+/// How long shutdown waits for the process's background tasks before closing the database.
+const TASKS_WAIT: Duration = Duration::from_secs(3);
 
 /// `orca-relay serve`: start, wait for SIGTERM/SIGINT, shut down within 10 s.
 pub async fn run(config: Config) -> i32 {
@@ -237,6 +256,29 @@ pub async fn run(config: Config) -> i32 {
         std::process::exit(1);
     });
     running.shutdown().await
+}
+
+/// The listener's TLS front (and its certificate reloader or ACME loop), when configured.
+fn start_tls(ctx: &Ctx) -> Result<Option<Arc<crate::tls::server::Tls>>, String> {
+    let Some(settings) = &ctx.config.tls else {
+        return Ok(None);
+    };
+    crate::tls::install_provider();
+    let mut hosts: Vec<String> = crate::tls::origin_host(&ctx.config.public_url)
+        .into_iter()
+        .collect();
+    if ctx.config.roles.cell {
+        hosts.extend(crate::tls::origin_host(&ctx.config.cell_url));
+    }
+    hosts.dedup();
+    crate::tls::server::start(
+        settings,
+        &ctx.config.extra_ca,
+        hosts,
+        &ctx.metrics.registry,
+        ctx.shutdown.clone(),
+    )
+    .map(Some)
 }
 
 /// Registers the SIGTERM/SIGINT handlers now; the returned future completes on the first signal.
@@ -289,8 +331,8 @@ async fn accept_loop(
     director: Option<Arc<Director>>,
     cell: Option<Arc<Cell>>,
     http: TaskTracker,
+    tls: Option<Arc<crate::tls::server::Tls>>,
 ) {
-    let svc = warp::service(filter);
     let slots = Arc::new(tokio::sync::Semaphore::new(
         crate::contract::limits::HTTP_CONNECTIONS_MAX,
     ));
@@ -302,52 +344,91 @@ async fn accept_loop(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let ctx = ctx.clone();
-        let svc = svc.clone();
-        let director = director.clone();
-        let cell = cell.clone();
+        let conn = Conn {
+            ctx: ctx.clone(),
+            filter: filter.clone(),
+            director: director.clone(),
+            cell: cell.clone(),
+            peer,
+        };
+        let tls = tls.clone();
         http.spawn(async move {
             let _slot = slot;
-            let shutdown = ctx.shutdown.clone();
-            let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
-                req.extensions_mut().insert(PeerAddr(peer));
-                let ctx = ctx.clone();
-                let mut svc = svc.clone();
-                let director = director.clone();
-                let cell = cell.clone();
-                async move {
-                    let path = req.uri().path();
-                    if is_leg_path(path) {
-                        if let Some(cell) = &cell {
-                            return Ok::<_, Infallible>(cell.upgrade(req, peer).await);
-                        }
-                        if path.starts_with("/v1/connect/") {
-                            if let Some(d) = &director {
-                                return Ok(d.connect_redirect(req, peer).await);
-                            }
-                        }
-                        return Ok(h::error(StatusCode::NOT_FOUND, errors::CELL_ONLY));
+            // The handshake runs in the connection's task (never in the accept loop); after it,
+            // plain and TLS connections share one code path.
+            match tls {
+                None => conn.serve(stream).await,
+                Some(tls) => {
+                    if let Some(stream) = tls.accept(stream).await {
+                        conn.serve(stream).await;
                     }
-                    if ctx.shutting_down() && path != "/health" {
-                        return Ok(h::shutting_down());
-                    }
-                    svc.call(req).await
-                }
-            });
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10))
-                .serve_connection(TokioIo::new(stream), service)
-                .with_upgrades();
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = shutdown.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
                 }
             }
         });
+    }
+}
+
+/// One accepted connection and what serving it needs.
+struct Conn {
+    ctx: Ctx,
+    filter: BoxedFilter<(Response,)>,
+    director: Option<Arc<Director>>,
+    cell: Option<Arc<Cell>>,
+    peer: SocketAddr,
+}
+
+impl Conn {
+    async fn serve<S>(self, stream: S)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let Conn {
+            ctx,
+            filter,
+            director,
+            cell,
+            peer,
+        } = self;
+        let shutdown = ctx.shutdown.clone();
+        let svc = warp::service(filter);
+        let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
+            req.extensions_mut().insert(PeerAddr(peer));
+            let ctx = ctx.clone();
+            let mut svc = svc.clone();
+            let director = director.clone();
+            let cell = cell.clone();
+            async move {
+                let path = req.uri().path();
+                if is_leg_path(path) {
+                    if let Some(cell) = &cell {
+                        return Ok::<_, Infallible>(cell.upgrade(req, peer).await);
+                    }
+                    if path.starts_with("/v1/connect/") {
+                        if let Some(d) = &director {
+                            return Ok(d.connect_redirect(req, peer).await);
+                        }
+                    }
+                    return Ok(h::error(StatusCode::NOT_FOUND, errors::CELL_ONLY));
+                }
+                if ctx.shutting_down() && path != "/health" {
+                    return Ok(h::shutting_down());
+                }
+                svc.call(req).await
+            }
+        });
+        let conn = http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(10))
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades();
+        tokio::pin!(conn);
+        tokio::select! {
+            _ = conn.as_mut() => {}
+            _ = shutdown.cancelled() => {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
+        }
     }
 }
 
@@ -439,11 +520,14 @@ fn common_routes(
     let metrics = warp::path!("metrics")
         .and(warp::get())
         .and(warp::header::headers_cloned())
-        .map(move |headers: HeaderMap| {
-            if !h::is_admin(&headers, c.config.secrets.admin_token.as_deref()) {
-                return h::invalid_token();
+        .then(move |headers: HeaderMap| {
+            let c = c.clone();
+            async move {
+                if !h::is_admin(&headers, c.config.secrets.admin_token.as_deref()) {
+                    return h::invalid_token();
+                }
+                metrics_response(&c.metrics).await
             }
-            metrics_response(&c.metrics)
         });
     let c = ctx.clone();
     let runtime_status = warp::path!("v1" / "admin" / "runtime-status")
@@ -459,6 +543,8 @@ fn common_routes(
         .or(metrics)
         .unify()
         .or(runtime_status)
+        .unify()
+        .or(crate::dashboard::route())
         .unify()
         .boxed()
 }
@@ -477,8 +563,8 @@ fn ready_response(v: Verdict) -> Response {
     }
 }
 
-fn metrics_response(m: &Metrics) -> Response {
-    let mut r = Response::new(m.render().into());
+async fn metrics_response(m: &Arc<Metrics>) -> Response {
+    let mut r = Response::new(m.render_blocking().await.into());
     r.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("text/plain; version=0.0.4"),
@@ -539,28 +625,50 @@ fn runtime_status(ctx: &Ctx, cell: Option<&Cell>, headers: &HeaderMap, body: h::
     )
 }
 
-async fn spawn_metrics_listener(ctx: Ctx, addr: SocketAddr) -> Result<(), String> {
+async fn spawn_metrics_listener(
+    ctx: Ctx,
+    addr: SocketAddr,
+    tls: Option<Arc<crate::tls::server::Tls>>,
+) -> Result<(), String> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|e| format!("ORCA_RELAY_METRICS_LISTEN: cannot bind {addr}: {e}"))?;
     let c = ctx.clone();
     let filter = warp::path!("metrics")
         .and(warp::get())
-        .map(move || metrics_response(&c.metrics))
+        .then(move || {
+            let c = c.clone();
+            async move { metrics_response(&c.metrics).await }
+        })
         .boxed();
-    tokio::spawn(async move {
+    let stop = ctx.child_token();
+    ctx.spawn("metrics-listener", async move {
         let svc = warp::service(filter);
         loop {
-            let (stream, _) = accept_with_backoff(|| listener.accept(), "metrics listener").await;
+            let (stream, _) = tokio::select! {
+                _ = stop.cancelled() => return,
+                c = accept_with_backoff(|| listener.accept(), "metrics listener") => c,
+            };
             let svc = svc.clone();
+            let tls = tls.clone();
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
                     let mut svc = svc.clone();
                     async move { svc.call(req).await }
                 });
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
+                let builder = http1::Builder::new();
+                match tls {
+                    None => {
+                        let _ = builder
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await;
+                    }
+                    Some(tls) => {
+                        if let Some(s) = tls.accept(stream).await {
+                            let _ = builder.serve_connection(TokioIo::new(s), service).await;
+                        }
+                    }
+                }
             });
         }
     });

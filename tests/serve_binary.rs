@@ -256,7 +256,116 @@ async fn admin_and_host_token_commands_talk_to_a_running_server() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid_token"));
     let out = run(&["host-token", "--key", "not-a-key"], &[]);
     assert!(!out.status.success());
+    // The global flags work after the subcommand and before it too (issue 10).
+    let data_s = data.display().to_string();
+    for args in [
+        vec!["admin", "overview", "--url", &url, "--data-dir", &data_s],
+        vec!["--url", &url, "--data-dir", &data_s, "admin", "overview"],
+        vec!["admin", "--url", &url, "overview", "--data-dir", &data_s],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_orca-relay"))
+            .env_clear()
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["cells"][0]["cellId"], "local", "{args:?}");
+    }
+    // The environment variable names the server when no flag does; a flag beats it.
+    let out = Command::new(env!("CARGO_BIN_EXE_orca-relay"))
+        .env_clear()
+        .env("ORCA_RELAY_URL", "http://127.0.0.1:9")
+        .args(["admin", "status", "--url", &url, "--data-dir", &data_s])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_orca-relay"))
+        .env_clear()
+        .env("ORCA_RELAY_URL", &url)
+        .env("ORCA_RELAY_DATA_DIR", &data_s)
+        .args(["admin", "status"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (code, _, _) = s.terminate();
     assert_eq!(code, 0);
     let _ = std::fs::remove_dir_all(&cwd);
+}
+
+/// `--help` of every command lists its environment variables and defaults (operations.md §5).
+#[test]
+fn every_help_lists_environment_and_defaults() {
+    let help = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_orca-relay"))
+            .env_clear()
+            .args(args)
+            .arg("--help")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for args in [&["serve"][..], &["migrate"], &[]] {
+        let h = help(args);
+        for var in [
+            "ORCA_RELAY_LISTEN",
+            "ORCA_RELAY_DATA_DIR",
+            "ORCA_RELAY_ROLE",
+        ] {
+            assert!(h.contains(var), "{args:?} help lacks {var}");
+        }
+        assert!(h.contains("[default: 127.0.0.1:8080]"), "{args:?}");
+    }
+    let admin: &[&[&str]] = &[
+        &["admin"],
+        &["admin", "status"],
+        &["admin", "drain"],
+        &["admin", "cell-state"],
+        &["admin", "fence"],
+        &["admin", "evacuate"],
+        &["admin", "overview"],
+        &["admin", "roll"],
+    ];
+    for args in admin {
+        let h = help(args);
+        for needle in [
+            "ORCA_RELAY_ADMIN_TOKEN",
+            "ORCA_RELAY_URL",
+            "ORCA_RELAY_DATA_DIR",
+            "[default: http://127.0.0.1:8080]",
+        ] {
+            assert!(h.contains(needle), "{args:?} help lacks {needle}:\n{h}");
+        }
+    }
+    let h = help(&["admin", "roll"]);
+    for flag in [
+        "--cell",
+        "--all",
+        "--restart",
+        "--timeout",
+        "[default: 300]",
+    ] {
+        assert!(h.contains(flag), "roll help lacks {flag}");
+    }
+    let h = help(&["host-token"]);
+    for needle in [
+        "ORCA_RELAY_SELF_HOSTED_KEY",
+        "ORCA_RELAY_URL",
+        "[default: ./data]",
+    ] {
+        assert!(h.contains(needle), "host-token help lacks {needle}");
+    }
 }

@@ -24,7 +24,8 @@ impl HttpHeartbeat {
         Some(HttpHeartbeat {
             url,
             cluster_key: config.secrets.cluster_key.clone(),
-            client: reqwest::Client::builder().timeout(TIMEOUT).build().ok()?,
+            // The shared cluster client: system roots + ORCA_RELAY_TLS_EXTRA_CA for https.
+            client: crate::tls::client::cluster_client(&config.extra_ca, TIMEOUT).ok()?,
         })
     }
 

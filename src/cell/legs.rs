@@ -16,6 +16,22 @@ use crate::leg::ws::{self, Leg};
 use crate::leg::{pre_gates, Target, Upgrade};
 use crate::store::assignments::HostKey;
 
+/// A gate's raw refusal, counted in `orca_relay_admission_rejections_total{reason}` (`reason` names
+/// the gate: shutting_down, query_string, unknown_path, invalid_id (pre-gates), capacity, preauth,
+/// host_token, store_pressure).
+fn refuse(cell: &Cell, reason: &'static str, status: StatusCode) -> Response {
+    count_refusal(cell, reason);
+    ws::refuse(status)
+}
+
+fn count_refusal(cell: &Cell, reason: &'static str) {
+    cell.ctx
+        .metrics
+        .admission_rejections
+        .with_label_values(&[reason])
+        .inc();
+}
+
 pub async fn upgrade(
     cell: &Arc<Cell>,
     mut req: http::Request<Incoming>,
@@ -23,7 +39,12 @@ pub async fn upgrade(
 ) -> Response {
     let Upgrade { key, target } = match pre_gates(&req, cell.ctx.shutting_down()) {
         Ok(u) => u,
-        Err(refusal) => return refusal,
+        Err(refusal) => {
+            if let Some(reason) = refusal.reason {
+                count_refusal(cell, reason);
+            }
+            return refusal.response;
+        }
     };
     match target {
         Target::Phone(id) => phone_gates(cell, &mut req, &key, peer, id),
@@ -70,14 +91,14 @@ fn phone_gates(
     relay_host_id: String,
 ) -> Response {
     if cell.with_ledger(|l| l.reserve_phone()) == Some(false) {
-        return ws::refuse(StatusCode::SERVICE_UNAVAILABLE);
+        return refuse(cell, "capacity", StatusCode::SERVICE_UNAVAILABLE);
     }
     let Some(source) = preauth(cell, req, peer, Leg::Phone) else {
         cell.with_ledger(|l| {
             l.abort();
             l.release_reserved(None);
         });
-        return ws::refuse(StatusCode::TOO_MANY_REQUESTS);
+        return refuse(cell, "preauth", StatusCode::TOO_MANY_REQUESTS);
     };
     let (resp, sock) = ws::accept(req, key, Leg::Phone);
     let cell = cell.clone();
@@ -107,14 +128,14 @@ fn data_gates(
     conn_id: String,
 ) -> Response {
     if cell.with_ledger(|l| l.reserve_data(&conn_id).is_some()) == Some(false) {
-        return ws::refuse(StatusCode::SERVICE_UNAVAILABLE);
+        return refuse(cell, "capacity", StatusCode::SERVICE_UNAVAILABLE);
     }
     let Some(source) = preauth(cell, req, peer, Leg::Data) else {
         cell.with_ledger(|l| {
             l.abort();
             l.restore_bound(&conn_id);
         });
-        return ws::refuse(StatusCode::TOO_MANY_REQUESTS);
+        return refuse(cell, "preauth", StatusCode::TOO_MANY_REQUESTS);
     };
     let (resp, sock) = ws::accept(req, key, Leg::Data);
     let cell = cell.clone();
@@ -152,11 +173,11 @@ async fn control_gates(
         _ => None,
     };
     let Some(token) = token.filter(|t| t.len() <= limits::HOST_TOKEN_MAX_CHARS) else {
-        return ws::refuse(StatusCode::UNAUTHORIZED);
+        return refuse(cell, "host_token", StatusCode::UNAUTHORIZED);
     };
     let claims = match cell.verifier.verify(&token, crate::clock::now_ms()).await {
         Ok(c) => c,
-        Err(_) => return ws::refuse(StatusCode::UNAUTHORIZED),
+        Err(_) => return refuse(cell, "host_token", StatusCode::UNAUTHORIZED),
     };
     let host = HostKey {
         user_id: claims.sub.clone(),
@@ -173,18 +194,18 @@ async fn control_gates(
         if p.waiting >= cell.ctx.config.database_pool_max as u64
             && p.oldest_wait_ms >= limits::STORE_SHED_WAIT_MS
         {
-            return ws::refuse(StatusCode::SERVICE_UNAVAILABLE);
+            return refuse(cell, "store_pressure", StatusCode::SERVICE_UNAVAILABLE);
         }
     }
     // Gate 5: connection capacity.
     let watermark = match &cell.ledger {
         Some(l) => match crate::sync::lock(l).reserve_control(rebind_over_live) {
             Some(w) => Some(w),
-            None => return ws::refuse(StatusCode::SERVICE_UNAVAILABLE),
+            None => return refuse(cell, "capacity", StatusCode::SERVICE_UNAVAILABLE),
         },
         None => {
             if cell.open.load(Ordering::Relaxed) >= cell.ctx.config.max_connections {
-                return ws::refuse(StatusCode::TOO_MANY_REQUESTS);
+                return refuse(cell, "capacity", StatusCode::TOO_MANY_REQUESTS);
             }
             None
         }

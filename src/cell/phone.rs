@@ -21,19 +21,19 @@ use crate::clock::now_ms;
 use crate::contract::close::{self, reason};
 use crate::contract::limits;
 use crate::crypto;
-use crate::leg::ws::{self, First, Ws};
+use crate::leg::ws::{self, First, Leg, Ws};
 use crate::logging;
 use crate::store::assignments::{self as store, ActivityKind, HostKey};
 use crate::store::credentials::{self as creds, Resolved};
 
 /// A phone rejection: `relay-hello {ok:false, code}` then close with the same code.
-async fn reject(ws: &mut Ws, code: u16, r: &'static str) {
+async fn reject(cell: &Cell, ws: &mut Ws, code: u16, r: &'static str) {
     let _ = ws
         .send(Message::text(
             json!({"type":"relay-hello","ok":false,"code":code}).to_string(),
         ))
         .await;
-    ws::close(ws, code, r).await;
+    cell.close_leg(Leg::Phone, ws, code, r).await;
 }
 
 /// Everything a phone holds that must be undone if admission fails.
@@ -119,25 +119,36 @@ pub async fn run_phone(
         First::Text(t) => t,
         First::Binary => {
             held.release_unit();
-            return ws::close(
-                &mut ws,
-                close::BAD_OUTER_CREDENTIAL,
-                reason::FIRST_FRAME_MUST_BE_TEXT,
-            )
-            .await;
+            return cell
+                .close_leg(
+                    Leg::Phone,
+                    &mut ws,
+                    close::BAD_OUTER_CREDENTIAL,
+                    reason::FIRST_FRAME_MUST_BE_TEXT,
+                )
+                .await;
         }
         First::Timeout => {
             held.release_unit();
-            return ws::close(
-                &mut ws,
-                close::BAD_OUTER_CREDENTIAL,
-                reason::FIRST_FRAME_TIMEOUT,
-            )
-            .await;
+            return cell
+                .close_leg(
+                    Leg::Phone,
+                    &mut ws,
+                    close::BAD_OUTER_CREDENTIAL,
+                    reason::FIRST_FRAME_TIMEOUT,
+                )
+                .await;
         }
         First::Oversize => {
             held.release_unit();
-            return ws::close(&mut ws, close::MESSAGE_TOO_BIG, "message too big").await;
+            return cell
+                .close_leg(
+                    Leg::Phone,
+                    &mut ws,
+                    close::MESSAGE_TOO_BIG,
+                    "message too big",
+                )
+                .await;
         }
         First::Violation(code) => {
             held.release_unit();
@@ -152,6 +163,7 @@ pub async fn run_phone(
     let Some(auth) = auth else {
         held.release_unit();
         return reject(
+            &cell,
             &mut ws,
             close::BAD_OUTER_CREDENTIAL,
             reason::INVALID_RELAY_AUTH,
@@ -166,7 +178,7 @@ pub async fn run_phone(
         Ok(None) => {}
         Err(Some((code, r))) => {
             held.undo().await;
-            reject(&mut ws, code, r).await;
+            reject(&cell, &mut ws, code, r).await;
         }
         Err(None) => held.undo().await,
     }
@@ -416,7 +428,7 @@ async fn wait_attach(
             r = &mut *rx => return match r {
                 Ok(Attach::Data(leg)) if phone_closed => {
                     let mut leg = leg;
-                    ws::close(&mut leg.ws, close::PEER_DROPPED, reason::PEER_CONNECTION_DROPPED).await;
+                    cell.close_leg(Leg::Data, &mut leg.ws, close::PEER_DROPPED, reason::PEER_CONNECTION_DROPPED).await;
                     Waited::Gone
                 }
                 Ok(Attach::Data(leg)) => Waited::Data(leg),
@@ -518,8 +530,9 @@ async fn attach(
         cell.with_ledger(|l| l.restore_bound(&conn_id));
         held.undo().await;
         tokio::join!(
-            reject(phone, close::LIMIT_EXCEEDED, REJECTED),
-            ws::close(
+            reject(cell, phone, close::LIMIT_EXCEEDED, REJECTED),
+            cell.close_leg(
+                Leg::Data,
                 &mut host,
                 close::LIMIT_EXCEEDED,
                 reason::BASIS_PERSISTENCE_FAILED
@@ -553,8 +566,9 @@ async fn attach(
         cell.with_ledger(|l| l.restore_bound(&conn_id));
         held.undo().await;
         tokio::join!(
-            reject(phone, close::DRAINING, REJECTED),
-            ws::close(
+            reject(cell, phone, close::DRAINING, REJECTED),
+            cell.close_leg(
+                Leg::Data,
                 &mut host,
                 close::DRAINING,
                 reason::HOST_RETIRED_DURING_ATTACHMENT
@@ -642,7 +656,21 @@ pub async fn run_splice(cell: Arc<Cell>, mut phone: Ws, phone_guard: ConnGuard, 
     // `relay-hello`, and a waker keeps that task's (larger) allocation alive for the whole splice.
     let _ = phone.flush().await;
     let _ = host.flush().await;
-    let (end, stats) = if phone_gone {
+    // The live splice folds its counts in as it goes (splice::FOLD_INTERVAL), not only at its end.
+    let meter = {
+        let m = &cell.ctx.metrics;
+        let frames = |d| m.splice_frames.with_label_values(&[d]);
+        let bytes = |d| m.splice_bytes.with_label_values(&[d]);
+        let (fh, fp) = (frames("to_host"), frames("to_phone"));
+        let (bh, bp) = (bytes("to_host"), bytes("to_phone"));
+        move |d: splice::Stats| {
+            fh.inc_by(d.frames_to_host);
+            fp.inc_by(d.frames_to_phone);
+            bh.inc_by(d.bytes_to_host);
+            bp.inc_by(d.bytes_to_phone);
+        }
+    };
+    let (end, _stats) = if phone_gone {
         (
             splice::End::Dropped(splice::Side::Phone),
             splice::Stats::default(),
@@ -657,6 +685,7 @@ pub async fn run_splice(cell: Arc<Cell>, mut phone: Ws, phone_guard: ConnGuard, 
             &mut kill_rx,
             cell.splice_limits,
             &cell.budget,
+            &meter,
         )
         .await
     };
@@ -672,22 +701,12 @@ pub async fn run_splice(cell: Arc<Cell>, mut phone: Ws, phone_guard: ConnGuard, 
                 cell.release_activity(&key, a);
             }
         };
+        let ((pc, _), (hc, _)) = end.closes();
+        cell.count_close(Leg::Phone, pc);
+        cell.count_close(Leg::Data, hc);
         tokio::join!(splice::close_pair(&mut phone, &mut host, &end), bookkeeping);
         cell.counts.splices.fetch_sub(1, Ordering::Relaxed);
         cell.ctx.metrics.splices_active.dec();
-        let m = &cell.ctx.metrics;
-        m.splice_frames
-            .with_label_values(&["to_host"])
-            .inc_by(stats.frames_to_host);
-        m.splice_frames
-            .with_label_values(&["to_phone"])
-            .inc_by(stats.frames_to_phone);
-        m.splice_bytes
-            .with_label_values(&["to_host"])
-            .inc_by(stats.bytes_to_host);
-        m.splice_bytes
-            .with_label_values(&["to_phone"])
-            .inc_by(stats.bytes_to_phone);
         if end.is_abnormal() {
             let ((pc, pr), _) = end.closes();
             logging::event_warn(
@@ -733,7 +752,7 @@ pub async fn run_data(
         Ok(t) => t,
         Err((code, r)) => {
             restore(&cell);
-            return ws::close(&mut ws, code, r).await;
+            return cell.close_leg(Leg::Data, &mut ws, code, r).await;
         }
     };
     let auth: Option<frames::HostDataAuth> = match frames::split(&text) {
@@ -742,12 +761,14 @@ pub async fn run_data(
     };
     let Some(auth) = auth else {
         restore(&cell);
-        return ws::close(
-            &mut ws,
-            close::BAD_OUTER_CREDENTIAL,
-            reason::INVALID_HOST_DATA_AUTH,
-        )
-        .await;
+        return cell
+            .close_leg(
+                Leg::Data,
+                &mut ws,
+                close::BAD_OUTER_CREDENTIAL,
+                reason::INVALID_HOST_DATA_AUTH,
+            )
+            .await;
     };
     let bad_ticket = (
         close::BAD_OUTER_CREDENTIAL,
@@ -760,11 +781,20 @@ pub async fn run_data(
     };
     let Some(session) = owner else {
         restore(&cell);
-        return ws::close(&mut ws, bad_ticket.0, bad_ticket.1).await;
+        return cell
+            .close_leg(Leg::Data, &mut ws, bad_ticket.0, bad_ticket.1)
+            .await;
     };
     if cell.idle_gate_closed(&session.key) {
         restore(&cell);
-        return ws::close(&mut ws, close::WRONG_CELL, reason::IDLE_CUTOVER_IN_PROGRESS).await;
+        return cell
+            .close_leg(
+                Leg::Data,
+                &mut ws,
+                close::WRONG_CELL,
+                reason::IDLE_CUTOVER_IN_PROGRESS,
+            )
+            .await;
     }
     // Steps 2, 3.
     let pending = {
@@ -784,7 +814,9 @@ pub async fn run_data(
     };
     let Some(pending) = pending else {
         restore(&cell);
-        return ws::close(&mut ws, bad_ticket.0, bad_ticket.1).await;
+        return cell
+            .close_leg(Leg::Data, &mut ws, bad_ticket.0, bad_ticket.1)
+            .await;
     };
     cell.registry().pending_owner.remove(&conn_id);
     // The ticket authenticated the data leg: its own message limit applies from here.
@@ -796,7 +828,8 @@ pub async fn run_data(
         // The phone went away at the same moment.
         session.lock().active.remove(&conn_id);
         let mut leg = leg;
-        ws::close(
+        cell.close_leg(
+            Leg::Data,
             &mut leg.ws,
             close::PEER_DROPPED,
             reason::PEER_CONNECTION_DROPPED,

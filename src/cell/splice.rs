@@ -140,8 +140,9 @@ impl End {
     }
 }
 
-/// Counters of one splice (reported at its end, not per frame).
-#[derive(Debug, Default, Clone, Copy)]
+/// Counters of one splice. The splice keeps them in its own task and hands the growth since the
+/// last hand-over to its meter (see [`run`]), never touching a shared counter per frame.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Stats {
     pub frames_to_host: u64,
     pub frames_to_phone: u64,
@@ -150,6 +151,27 @@ pub struct Stats {
     /// Times the splice task was polled (wake-ups), for tests of the timer policy.
     pub polls: u64,
 }
+
+impl Stats {
+    fn frames(&self) -> u64 {
+        self.frames_to_host + self.frames_to_phone
+    }
+    fn minus(&self, o: &Stats) -> Stats {
+        Stats {
+            frames_to_host: self.frames_to_host - o.frames_to_host,
+            frames_to_phone: self.frames_to_phone - o.frames_to_phone,
+            bytes_to_host: self.bytes_to_host - o.bytes_to_host,
+            bytes_to_phone: self.bytes_to_phone - o.bytes_to_phone,
+            polls: 0,
+        }
+    }
+}
+
+/// A live splice folds its counts into the meter at least every [`FOLD_INTERVAL`] while frames
+/// move, after [`FOLD_FRAMES`] frames, and once at its end: an hour-long splice shows a rate
+/// on `/metrics`, and a busy one costs one meter call per 256 frames.
+pub const FOLD_INTERVAL: Duration = Duration::from_secs(1);
+pub const FOLD_FRAMES: u64 = 256;
 
 /// One direction's queues.
 #[derive(Default)]
@@ -328,6 +350,7 @@ pub async fn run<S>(
     kill: &mut oneshot::Receiver<(u16, &'static str)>,
     limits: Limits,
     budget: &Budget,
+    meter: &(dyn Fn(Stats) + Sync),
 ) -> (End, Stats)
 where
     S: AsyncRead + AsyncWrite + Unpin,
@@ -337,6 +360,17 @@ where
     let mut kill_live = true;
     let mut up_first = false;
     let mut timer: Option<Pin<Box<Sleep>>> = None;
+    // What the meter has been given, when, and the (one, reused) timer for a trailing fold.
+    let mut folded = Stats::default();
+    let mut folded_at = Instant::now();
+    let mut fold_timer: Option<Pin<Box<Sleep>>> = None;
+    let stats = |up: &Dir, down: &Dir| Stats {
+        frames_to_host: up.frames,
+        frames_to_phone: down.frames,
+        bytes_to_host: up.bytes,
+        bytes_to_phone: down.bytes,
+        polls: 0,
+    };
     let mut polls = 0u64;
     let end = poll_fn(|cx| {
         polls += 1;
@@ -359,6 +393,25 @@ where
             };
             if let Poll::Ready(end) = r {
                 return Poll::Ready(end);
+            }
+        }
+        // Fold the counts into the meter now and then (never per frame).
+        let unfolded = up.frames + down.frames - folded.frames();
+        if unfolded > 0 {
+            let now = Instant::now();
+            if unfolded >= FOLD_FRAMES || now.duration_since(folded_at) >= FOLD_INTERVAL {
+                let total = stats(&up, &down);
+                meter(total.minus(&folded));
+                folded = total;
+                folded_at = now;
+            } else {
+                // A burst then silence: fold the rest when the interval is up.
+                let at = folded_at + FOLD_INTERVAL;
+                let t = fold_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+                t.as_mut().reset(at);
+                if t.as_mut().poll(cx).is_ready() {
+                    cx.waker().wake_by_ref();
+                }
             }
         }
         // The wedge deadline, only while something overflows. No periodic re-check: every path
@@ -386,14 +439,12 @@ where
     .await;
     up.release(budget);
     down.release(budget);
-    let stats = Stats {
-        frames_to_host: up.frames,
-        frames_to_phone: down.frames,
-        bytes_to_host: up.bytes,
-        bytes_to_phone: down.bytes,
-        polls,
-    };
-    (end, stats)
+    let mut total = stats(&up, &down);
+    if total != folded {
+        meter(total.minus(&folded));
+    }
+    total.polls = polls;
+    (end, total)
 }
 
 use std::future::Future;
@@ -443,7 +494,7 @@ mod tests {
         let (mut sh, host) = pair(buf, 1 << 20).await;
         let (tx, mut rx) = oneshot::channel();
         let task = tokio::spawn(async move {
-            let r = run(&mut sp, &mut sh, &mut rx, limits, &budget).await;
+            let r = run(&mut sp, &mut sh, &mut rx, limits, &budget, &|_| {}).await;
             close_pair(&mut sp, &mut sh, &r.0).await;
             r
         });
@@ -453,6 +504,50 @@ mod tests {
             task,
             kill: Some(tx),
         }
+    }
+
+    /// A live splice hands its counts to the meter while it runs (a trailing fold after a burst
+    /// then silence, within the fold interval), and the meter's sum equals the final totals.
+    #[tokio::test]
+    async fn counts_fold_into_the_meter_while_the_splice_lives() {
+        use std::sync::Mutex;
+        let (mut sp, mut phone) = pair(64 * 1024, 1 << 20).await;
+        let (mut sh, mut host) = pair(64 * 1024, 1 << 20).await;
+        let (tx, mut rx) = oneshot::channel::<(u16, &'static str)>();
+        let seen = std::sync::Arc::new(Mutex::new(Stats::default()));
+        let s2 = seen.clone();
+        let task = tokio::spawn(async move {
+            let meter = move |d: Stats| {
+                let mut s = crate::sync::lock(&s2);
+                s.frames_to_host += d.frames_to_host;
+                s.frames_to_phone += d.frames_to_phone;
+                s.bytes_to_host += d.bytes_to_host;
+                s.bytes_to_phone += d.bytes_to_phone;
+            };
+            let b = Budget::default();
+            run(&mut sp, &mut sh, &mut rx, Limits::default(), &b, &meter).await
+        });
+        for _ in 0..3 {
+            phone.send(Message::text("abcd")).await.unwrap();
+            host.next().await.unwrap().unwrap();
+        }
+        host.send(Message::binary(vec![1u8; 10])).await.unwrap();
+        phone.next().await.unwrap().unwrap();
+        // Silence now: the trailing fold lands within the interval (plus scheduling slack).
+        let deadline = Instant::now() + FOLD_INTERVAL * 10;
+        loop {
+            let s = *crate::sync::lock(&seen);
+            if s.frames_to_host == 3 && s.frames_to_phone == 1 {
+                assert_eq!((s.bytes_to_host, s.bytes_to_phone), (12, 10));
+                break;
+            }
+            assert!(Instant::now() < deadline, "no live fold: {s:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tx.send((4503, "relay draining")).unwrap();
+        let (_, mut total) = task.await.unwrap();
+        total.polls = 0;
+        assert_eq!(total, *crate::sync::lock(&seen));
     }
 
     #[tokio::test]

@@ -5,6 +5,7 @@
 //! `/v1/assign`, proves the challenge and drives its control socket; the phone dials with a
 //! credential and reads `relay-hello`.
 
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
@@ -39,7 +40,49 @@ pub fn ws_origin(http_origin: &str) -> String {
     }
 }
 
-/// Dials a leg; `headers` are added to the upgrade request.
+/// What `wss://` dials and `https://` requests of this kit trust: the system roots plus the
+/// extra CA given to [`trust_extra_ca`] (a test CA), like a phone with a private CA installed.
+struct Trust {
+    rustls: Arc<rustls::ClientConfig>,
+    http: reqwest::Client,
+}
+
+static TRUST: RwLock<Option<Arc<Trust>>> = RwLock::new(None);
+/// Every CA given so far: tests running side by side in one process each add their own.
+static EXTRA: RwLock<Vec<rustls::pki_types::CertificateDer<'static>>> = RwLock::new(Vec::new());
+
+fn trust() -> Arc<Trust> {
+    if let Some(t) = TRUST.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        return t.clone();
+    }
+    trust_extra_ca(&[]);
+    trust()
+}
+
+/// Trusts `pem` (PEM CA certificates) besides the system roots (and the CAs given before) for
+/// every later dial/request.
+pub fn trust_extra_ca(pem: &[u8]) {
+    let certs = {
+        let mut all = EXTRA.write().unwrap_or_else(|e| e.into_inner());
+        all.extend(crate::tls::server::pem_certs(pem));
+        all.clone()
+    };
+    let extra = crate::tls::ExtraCa { path: None, certs };
+    let t = Trust {
+        rustls: crate::tls::client::client_config(&extra, &[b"http/1.1"]),
+        http: crate::tls::client::cluster_client_builder(&extra)
+            .build()
+            .expect("test http client"),
+    };
+    *TRUST.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(t));
+}
+
+/// The kit's HTTP client (trusting the extra CA when one was given).
+pub fn http_client() -> reqwest::Client {
+    trust().http.clone()
+}
+
+/// Dials a leg; `headers` are added to the upgrade request. `wss://` runs TLS over rustls.
 pub async fn dial(url: &str, headers: &[(&str, String)]) -> Result<ClientWs, String> {
     let mut req = url.into_client_request().map_err(|e| e.to_string())?;
     for (k, v) in headers {
@@ -48,14 +91,22 @@ pub async fn dial(url: &str, headers: &[(&str, String)]) -> Result<ClientWs, Str
             http::HeaderValue::from_str(v).map_err(|e| e.to_string())?,
         );
     }
-    let (ws, _) = tokio_tungstenite::connect_async_with_config(req, Some(client_config()), true)
-        .await
-        .map_err(|e| match e {
-            tokio_tungstenite::tungstenite::Error::Http(r) => {
-                format!("http {}", r.status().as_u16())
-            }
-            other => other.to_string(),
-        })?;
+    let connector = url
+        .starts_with("wss://")
+        .then(|| tokio_tungstenite::Connector::Rustls(trust().rustls.clone()));
+    let (ws, _) = tokio_tungstenite::connect_async_tls_with_config(
+        req,
+        Some(client_config()),
+        true,
+        connector,
+    )
+    .await
+    .map_err(|e| match e {
+        tokio_tungstenite::tungstenite::Error::Http(r) => {
+            format!("http {}", r.status().as_u16())
+        }
+        other => other.to_string(),
+    })?;
     Ok(ws)
 }
 
@@ -147,7 +198,7 @@ pub async fn assign(
     token: &str,
     relay_host_id: &str,
 ) -> Result<(String, i64), String> {
-    let r = reqwest::Client::new()
+    let r = http_client()
         .post(format!("{director}/v1/assign"))
         .bearer_auth(token)
         .json(&json!({"v":1,"relayHostId":relay_host_id}))

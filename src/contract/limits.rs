@@ -40,6 +40,13 @@ pub const CONTROL_LEASE_JITTER_MS: i64 = 30 * 60_000;
 pub const CONTROL_RENEWAL_INTERVAL_MS: i64 = 30_000;
 pub const CONTROL_RENEWAL_REQUEST_MS: i64 = 105_000;
 pub const DEFAULT_ACTIVITY_LEASE_MS: i64 = 90_000;
+/// How far ahead a control activity's expiry may be set (director.md §5.5).
+pub const CONTROL_ACTIVITY_EXPIRY_MAX_MS: i64 = 120_000;
+/// How far ahead any other activity's expiry may be set (director.md §5.5).
+pub const ACTIVITY_EXPIRY_MAX_MS: i64 = 600_000;
+/// Bounds of a cell's `connectionHardCap` (director.md §3.6, §3.8).
+pub const CONNECTION_HARD_CAP_MIN: i64 = 200;
+pub const CONNECTION_HARD_CAP_MAX: i64 = 1_000_000;
 pub const RENEWAL_BATCH_FLUSH_MS: u64 = 1_000;
 pub const RENEWAL_BATCH_ROWS: usize = 200;
 pub const PREAUTH_CELL_MAX: usize = 45;

@@ -49,7 +49,7 @@ pub async fn handle(
 ) -> Response {
     let Upgrade { key, target } = match pre_gates(&req, d.ctx.shutting_down()) {
         Ok(u) => u,
-        Err(refusal) => return refusal,
+        Err(refusal) => return refusal.response,
     };
     // The server routes only `/v1/connect/…` here; the host legs are the cell's.
     let Target::Phone(relay_host_id) = target else {

@@ -21,6 +21,13 @@ pub enum Target {
     Phone(String),
 }
 
+/// A request the pre-gates turned away: `reason` names the gate for
+/// `orca_relay_admission_rejections_total` (`None`: not an upgrade at all, a plain 404).
+pub struct Refusal {
+    pub reason: Option<&'static str>,
+    pub response: Response,
+}
+
 /// A WebSocket upgrade that passed gates 1 and 2.
 pub struct Upgrade {
     /// `Sec-WebSocket-Key`, for the 101 answer.
@@ -31,28 +38,34 @@ pub struct Upgrade {
 /// The gates before any role-specific one: a plain HTTP request to a leg path is an unknown route
 /// (404 JSON, §1); a process shutting down refuses 503; gate 1 refuses any query string (even `?`,
 /// 400); gate 2 decodes the path (404 for an unknown path, 429 for an invalid id).
-pub fn pre_gates(req: &http::Request<Incoming>, shutting_down: bool) -> Result<Upgrade, Response> {
+pub fn pre_gates(req: &http::Request<Incoming>, shutting_down: bool) -> Result<Upgrade, Refusal> {
     let Some(key) = ws::ws_key(req) else {
-        return Err(crate::http::error(
-            StatusCode::NOT_FOUND,
-            crate::contract::errors::NOT_FOUND,
-        ));
+        return Err(Refusal {
+            reason: None,
+            response: crate::http::error(StatusCode::NOT_FOUND, crate::contract::errors::NOT_FOUND),
+        });
+    };
+    let refuse = |reason, status| {
+        Err(Refusal {
+            reason: Some(reason),
+            response: ws::refuse(status),
+        })
     };
     // RFC 6455 §4.2.1: a key that is not base64 of 16 bytes (an empty one included) is a bad
     // handshake, 400, never a 101.
     if !ws::valid_key(&key) {
-        return Err(ws::refuse(StatusCode::BAD_REQUEST));
+        return refuse("invalid_key", StatusCode::BAD_REQUEST);
     }
     if shutting_down {
-        return Err(ws::refuse(StatusCode::SERVICE_UNAVAILABLE));
+        return refuse("shutting_down", StatusCode::SERVICE_UNAVAILABLE);
     }
     if req.uri().query().is_some() {
-        return Err(ws::refuse(StatusCode::BAD_REQUEST));
+        return refuse("query_string", StatusCode::BAD_REQUEST);
     }
     let target = match path::named(req.uri().path()) {
-        Named::Other => return Err(ws::refuse(StatusCode::NOT_FOUND)),
+        Named::Other => return refuse("unknown_path", StatusCode::NOT_FOUND),
         Named::Phone(None) | Named::Data(None) => {
-            return Err(ws::refuse(StatusCode::TOO_MANY_REQUESTS))
+            return refuse("invalid_id", StatusCode::TOO_MANY_REQUESTS)
         }
         Named::Control => Target::Control,
         Named::Data(Some(id)) => Target::Data(id),

@@ -14,5 +14,5 @@ pub mod path;
 pub mod preauth_io;
 pub mod ws;
 
-pub use gates::{pre_auth, pre_gates, Target, Upgrade};
+pub use gates::{pre_auth, pre_gates, Refusal, Target, Upgrade};
 pub use ws::Leg;

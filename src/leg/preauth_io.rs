@@ -56,8 +56,7 @@ impl<S> PreAuthIo<S> {
     /// After authentication: reads are no longer budgeted (the leg's message limit applies).
     pub fn lift(&self) {
         self.budget.lifted.store(true, Ordering::SeqCst);
-        let waker = crate::sync::lock(&self.budget.waker).take();
-        if let Some(w) = waker {
+        if let Some(w) = crate::sync::lock(&self.budget.waker).take() {
             w.wake();
         }
     }
@@ -104,24 +103,14 @@ impl<S: AsyncRead + Unpin> AsyncRead for PreAuthIo<S> {
             }
             return Poll::Pending;
         }
-        if buf.remaining() <= left {
-            // The whole buffer fits the budget: read straight into it.
-            let before = buf.filled().len();
-            let r = Pin::new(&mut this.inner).poll_read(cx, buf);
-            if let Poll::Ready(Ok(())) = r {
-                b.left
-                    .fetch_sub(buf.filled().len() - before, Ordering::SeqCst);
-            }
-            return r;
-        }
-        // Only part of the buffer is allowed: read at most `left` bytes through a small buffer
-        // (pre-auth only, a few hundred bytes, so the copy does not matter).
-        let mut tmp = [0u8; PREAUTH_READ_BUDGET];
-        let mut limited = ReadBuf::new(&mut tmp[..left]);
+        let want = buf.remaining().min(left);
+        // Read through a window of at most `want` bytes of `buf`'s unfilled part (zeroed first:
+        // only before authentication, on a few KiB, so the cost does not matter).
+        let mut limited = ReadBuf::new(buf.initialize_unfilled_to(want));
         let r = Pin::new(&mut this.inner).poll_read(cx, &mut limited);
+        let n = limited.filled().len();
         if let Poll::Ready(Ok(())) = r {
-            let n = limited.filled().len();
-            buf.put_slice(limited.filled());
+            buf.advance(n);
             b.left.fetch_sub(n, Ordering::SeqCst);
         }
         r

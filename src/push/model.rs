@@ -67,14 +67,7 @@ pub struct DeviceRequest {
     pub apns_environment: Option<Option<String>>,
 }
 
-/// A validated registration.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Device {
-    pub device_id: String,
-    pub platform: String,
-    pub token: String,
-    pub apns_environment: Option<String>,
-}
+pub use crate::model::push::Device;
 
 impl DeviceRequest {
     /// push.md §5 refinements; `None` → `400 invalid_request`.

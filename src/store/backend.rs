@@ -1,6 +1,9 @@
 //! The storage trait and the handle that dispatches to the configured backend.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use prometheus::HistogramVec;
 
 use super::postgres::{PgDb, PgTx};
 use super::sqlite::{SqliteDb, SqliteTx};
@@ -43,6 +46,9 @@ pub trait Backend {
 #[derive(Clone)]
 pub struct Db {
     inner: Arc<Inner>,
+    /// Where every operation's duration goes (`orca_relay_db_seconds{op}`); set once by the
+    /// composition root. The store knows only the histogram, not who registered it.
+    observer: Arc<OnceLock<HistogramVec>>,
 }
 
 enum Inner {
@@ -70,7 +76,23 @@ impl Db {
         };
         Ok(Db {
             inner: Arc::new(inner),
+            observer: Arc::new(OnceLock::new()),
         })
+    }
+
+    /// Sends every later operation's duration to `h` (one label: the operation). First call wins.
+    pub fn observe_with(&self, h: HistogramVec) {
+        let _ = self.observer.set(h);
+    }
+
+    /// Records that store operation `op` (a bounded, caller-given name) took since `started`.
+    /// Called by [`crate::transaction!`] once per operation (retries included) and by the plain
+    /// entry points below.
+    pub fn observe(&self, op: &'static str, started: Instant) {
+        if let Some(h) = self.observer.get() {
+            h.with_label_values(&[op])
+                .observe(started.elapsed().as_secs_f64());
+        }
     }
 
     pub fn kind(&self) -> DbKind {
@@ -90,14 +112,34 @@ impl Db {
 
     /// A plain read outside any transaction (sees the latest committed state).
     pub async fn query(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
-        match &*self.inner {
+        self.read_as("query", sql, params).await
+    }
+
+    /// [`Db::query`] observed under `op`.
+    pub async fn read_as(
+        &self,
+        op: &'static str,
+        sql: &str,
+        params: &[Value],
+    ) -> Result<Vec<Row>, DbError> {
+        let started = Instant::now();
+        let r = match &*self.inner {
             Inner::Sqlite(db) => db.read(sql, params).await,
             Inner::Postgres(db) => db.read(sql, params).await,
-        }
+        };
+        self.observe(op, started);
+        r
     }
 
     /// A single-statement write in its own transaction.
     pub async fn execute(&self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
+        let started = Instant::now();
+        let r = self.execute_once(sql, params).await;
+        self.observe("execute", started);
+        r
+    }
+
+    async fn execute_once(&self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
         let mut tx = self.begin().await?;
         match tx.execute(sql, params).await {
             Ok(n) => {
@@ -113,7 +155,7 @@ impl Db {
 
     /// `SELECT 1` (readiness).
     pub async fn ping(&self) -> Result<(), DbError> {
-        self.query("SELECT 1", &[]).await.map(|_| ())
+        self.read_as("ping", "SELECT 1", &[]).await.map(|_| ())
     }
 
     /// Callers waiting for a connection right now.

@@ -19,6 +19,7 @@ pub mod migrate;
 pub mod migrations;
 pub mod overview;
 mod postgres;
+pub mod push;
 mod sqlite;
 pub mod testing;
 mod value;
@@ -110,7 +111,9 @@ pub fn retry_exhausted(phase: &str, code: &str, attempts: u32) {
 }
 
 /// Runs `$body` inside a transaction on `$db`, committing on `Ok` and rolling back on `Err`, and
-/// retries the whole body on `40001`/`40P01`/`55P03` up to [`TX_ATTEMPTS`] times.
+/// retries the whole body on `40001`/`40P01`/`55P03` up to [`TX_ATTEMPTS`] times. `$phase` (a
+/// `&'static str` from a small fixed set) names the operation in the retry log lines and in
+/// `orca_relay_db_seconds{op}`, observed once per call, retries included.
 ///
 /// `$body` is an expression (usually a block) that may `.await` and use `$tx: &mut Tx`; it evaluates
 /// to `Result<T, E>` with `E: From<DbError> + RetryClass`.
@@ -126,9 +129,10 @@ macro_rules! transaction {
         #[allow(unused_imports)]
         use $crate::store::RetryClass as _;
         let __db: &$crate::store::Db = &$db;
-        let __phase: &str = $phase;
+        let __phase: &'static str = $phase;
+        let __started = ::std::time::Instant::now();
         let mut __attempt: u32 = 0;
-        loop {
+        let __out = loop {
             __attempt += 1;
             let mut __tx = match __db.begin().await {
                 Ok(t) => t,
@@ -165,6 +169,8 @@ macro_rules! transaction {
                 }
             };
             $crate::store::retry_pause(__phase, __retry, __attempt).await;
-        }
+        };
+        __db.observe(__phase, __started);
+        __out
     }};
 }

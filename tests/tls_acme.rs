@@ -1,0 +1,237 @@
+//! ACME against a real RFC 8555 server on loopback (Debian's `pebble`, issue 13): the first start
+//! obtains a certificate over TLS-ALPN-01 answered by the relay's own listener, a restart serves
+//! the cached certificate without a new order, and a forced renewal (SIGHUP) swaps the served
+//! certificate while a live splice keeps flowing.
+//!
+//! Skips with a note when `pebble` is not installed, unless `CI=true` (then it fails).
+
+#[path = "support/tls/mod.rs"]
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use orca_relay::cell::testkit::{self, Hello, HostIdentity, Pair};
+use orca_relay::store::testing::temp_dir;
+use support::{served_cert, Relay, TestCa};
+use tokio_tungstenite::tungstenite::Message;
+
+const SIGNING: &str = "tls-acme-signing-key-tls-acme-signing-key-01";
+const SELF_HOSTED: &str = "tls-acme-self-hosted-key-tls-acme-self-hosted";
+const ADMIN: &str = "tls-acme-admin-token-tls-acme-admin-token-01";
+const CLUSTER: &str = "tls-acme-cluster-key-tls-acme-cluster-key-01";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn pebble_installed() -> bool {
+    Command::new("pebble")
+        .arg("-h")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok()
+}
+
+struct Pebble(Child);
+
+impl Drop for Pebble {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts pebble with its HTTPS listener certified by `ca`, validating TLS-ALPN-01 on `tls_port`.
+fn start_pebble(dir: &std::path::Path, ca: &TestCa, tls_port: u16) -> (Pebble, u16, u16) {
+    let (cert, key) = ca.issue(&["localhost", "127.0.0.1"]);
+    std::fs::write(dir.join("pebble-cert.pem"), cert).unwrap();
+    std::fs::write(dir.join("pebble-key.pem"), key).unwrap();
+    let (api, mgmt) = (free_port(), free_port());
+    let config = serde_json::json!({"pebble": {
+        "listenAddress": format!("127.0.0.1:{api}"),
+        "managementListenAddress": format!("127.0.0.1:{mgmt}"),
+        "certificate": dir.join("pebble-cert.pem"),
+        "privateKey": dir.join("pebble-key.pem"),
+        "httpPort": free_port(),
+        "tlsPort": tls_port,
+        "ocspResponderURL": "",
+        "externalAccountBindingRequired": false,
+    }});
+    let path = dir.join("pebble-config.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let mut child = Command::new("pebble")
+        .arg("-config")
+        .arg(&path)
+        .env("PEBBLE_VA_NOSLEEP", "1")
+        .env("PEBBLE_WFE_NONCEREJECT", "0")
+        .env("PEBBLE_AUTHZREUSE", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn pebble");
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if std::env::var("TLS_TEST_VERBOSE").is_ok() {
+                eprintln!("pebble: {line}");
+            }
+            if line.contains("ACME directory available") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if std::env::var("TLS_TEST_VERBOSE").is_ok() {
+                eprintln!("pebble: {line}");
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(30))
+        .expect("pebble did not start");
+    (Pebble(child), api, mgmt)
+}
+
+async fn pair(public: &str) -> (testkit::HostControl, Pair) {
+    let host = HostIdentity::generate("acme-user");
+    let token = host.token(SIGNING, public);
+    let (cell, epoch) = testkit::assign(public, &token, &host.relay_host_id)
+        .await
+        .expect("assign");
+    let hello = Hello {
+        epoch,
+        ..Hello::default()
+    };
+    let mut control = testkit::connect_control(&cell, &host, &token, public, &hello)
+        .await
+        .expect("control");
+    let invite = control
+        .create_invite("r1", "phone-1")
+        .await
+        .expect("invite");
+    let p = testkit::pair_phone(&cell, &mut control, &host.relay_host_id, &invite, &[])
+        .await
+        .expect("pair");
+    (control, p)
+}
+
+async fn splice_works(p: &mut Pair, tag: &str) {
+    let within = Duration::from_secs(10);
+    p.phone.send(Message::text(tag.to_string())).await.unwrap();
+    let got = tokio::time::timeout(within, p.data.next()).await.unwrap();
+    assert_eq!(got.unwrap().unwrap(), Message::text(tag.to_string()));
+    p.data.send(Message::binary(vec![1u8; 4096])).await.unwrap();
+    let got = tokio::time::timeout(within, p.phone.next()).await.unwrap();
+    assert_eq!(got.unwrap().unwrap(), Message::binary(vec![1u8; 4096]));
+}
+
+fn count(relay: &Relay, needle: &str) -> usize {
+    relay.lines().iter().filter(|l| l.contains(needle)).count()
+}
+
+#[tokio::test]
+async fn acme_obtains_caches_and_renews_against_pebble() {
+    if !pebble_installed() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "pebble is required under CI=true (.ci/run installs it)"
+        );
+        eprintln!("note: pebble not installed (apt-get install pebble); skipping the ACME test");
+        return;
+    }
+    let dir = temp_dir("orca-relay-acme");
+    let ca = TestCa::new("orca acme test ca");
+    let ca_path = ca.write(&dir);
+    testkit::trust_extra_ca(ca.pem.as_bytes());
+    let port = free_port();
+    let (_pebble, api, mgmt) = start_pebble(&dir, &ca, port);
+    let envs = vec![
+        ("ORCA_RELAY_LISTEN", format!("127.0.0.1:{port}")),
+        (
+            "ORCA_RELAY_DATA_DIR",
+            dir.join("data").display().to_string(),
+        ),
+        ("ORCA_RELAY_TLS_ACME_DOMAINS", "localhost".to_string()),
+        ("ORCA_RELAY_TLS_ACME_EMAIL", "ops@example.org".to_string()),
+        (
+            "ORCA_RELAY_TLS_ACME_DIRECTORY",
+            format!("https://127.0.0.1:{api}/dir"),
+        ),
+        ("ORCA_RELAY_TLS_EXTRA_CA", ca_path.display().to_string()),
+        ("ORCA_RELAY_ASSIGNMENT_SIGNING_KEY", SIGNING.into()),
+        ("ORCA_RELAY_SELF_HOSTED_KEY", SELF_HOSTED.into()),
+        ("ORCA_RELAY_ADMIN_TOKEN", ADMIN.into()),
+        ("ORCA_RELAY_CLUSTER_KEY", CLUSTER.into()),
+    ];
+    let relay = Relay::spawn(&dir, &envs);
+    let public = format!("https://localhost:{port}");
+    assert!(
+        relay.wait_log("ACME certificate obtained", Duration::from_secs(90)),
+        "first start obtains a certificate: {:?}",
+        relay.lines()
+    );
+    // Pebble's issuing root (fresh per pebble run), from its management interface.
+    let root = testkit::http_client()
+        .get(format!("https://127.0.0.1:{mgmt}/roots/0"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    testkit::trust_extra_ca(root.as_bytes());
+    let addr = format!("127.0.0.1:{port}");
+    let first = served_cert(&addr, "localhost", support::client_config(&root))
+        .await
+        .expect("the ACME certificate verifies against pebble's root");
+    let (_c, mut p) = pair(&public).await;
+    splice_works(&mut p, "first").await;
+    drop(p);
+    assert_eq!(relay.terminate(), 0);
+    let cache = std::fs::read_dir(dir.join("data/acme")).unwrap().count();
+    assert!(cache >= 3, "account, certificate and key are cached");
+
+    // A restart serves the cached certificate and orders nothing.
+    let relay = Relay::spawn(&dir, &envs);
+    assert!(relay.wait_log(
+        "serving the cached ACME certificate",
+        Duration::from_secs(10)
+    ));
+    let again = served_cert(&addr, "localhost", support::client_config(&root))
+        .await
+        .unwrap();
+    assert_eq!(again, first, "the cached certificate is reused");
+    let (_c, mut p) = pair(&public).await;
+    splice_works(&mut p, "restarted").await;
+    assert_eq!(count(&relay, "ACME certificate obtained"), 0);
+
+    // Forced renewal with a live splice: a new certificate, the splice untouched.
+    relay.signal(libc::SIGHUP);
+    assert!(
+        relay.wait_log("ACME certificate obtained", Duration::from_secs(90)),
+        "{:?}",
+        relay.lines()
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut renewed = again.clone();
+    while Instant::now() < deadline && renewed == again {
+        renewed = served_cert(&addr, "localhost", support::client_config(&root))
+            .await
+            .unwrap();
+    }
+    assert_ne!(renewed, again, "the renewal swapped the served certificate");
+    splice_works(&mut p, "after-renewal").await;
+    let (_c2, mut p2) = pair(&public).await;
+    splice_works(&mut p2, "new-after-renewal").await;
+    assert_eq!(relay.terminate(), 0);
+}
