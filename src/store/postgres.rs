@@ -37,6 +37,14 @@ impl PgDb {
         }
         cfg.options(&options);
         cfg.connect_timeout(Duration::from_secs(5));
+        // A black-holed network sends no RST and `statement_timeout` cannot fire when no packet
+        // reaches the server: TCP keepalive and a user timeout let the kernel fail a stuck
+        // connection so it errors (and is discarded) instead of hanging its pool slot.
+        cfg.keepalives(true);
+        cfg.keepalives_idle(Duration::from_secs(5));
+        cfg.keepalives_interval(Duration::from_secs(2));
+        cfg.keepalives_retries(3);
+        cfg.tcp_user_timeout(Duration::from_secs(10));
         cfg.application_name("orca-relay");
         let mgr = Manager::from_config(
             cfg,
