@@ -176,7 +176,7 @@ pub struct ServeArgs {
     #[arg(
         long,
         env = "ORCA_PUSH_APNS_TOPIC",
-        default_value = "com.stably.orca.mobile"
+        default_value = DEFAULT_APNS_TOPIC
     )]
     pub push_apns_topic: String,
     /// FCM project id.
@@ -262,6 +262,9 @@ impl Roles {
         v
     }
 }
+
+/// `ORCA_PUSH_APNS_TOPIC` when unset (push.md §1).
+pub const DEFAULT_APNS_TOPIC: &str = "com.stably.orca.mobile";
 
 /// A cell registered from `ORCA_RELAY_CELLS`.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -953,7 +956,11 @@ fn parse_push(a: &ServeArgs, public_url: &str, roles: Roles) -> Result<PushConfi
             )
         }
     };
-    let topic = a.push_apns_topic.trim().to_string();
+    // push.md §1: a whitespace-only ORCA_PUSH_* value is unset, so a blank topic is the default.
+    let topic = match a.push_apns_topic.trim() {
+        "" => DEFAULT_APNS_TOPIC.to_string(),
+        t => t.to_string(),
+    };
     if !(1..=255).contains(&topic.chars().count()) {
         return err("ORCA_PUSH_APNS_TOPIC must be 1..255 characters");
     }

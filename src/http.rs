@@ -94,7 +94,8 @@ pub enum Body {
 }
 
 /// Reads the body, counting bytes actually read (chunked included) and refusing a larger declared
-/// `Content-Length` unread. Never rejects.
+/// `Content-Length` unread; a body not complete within `BODY_READ_MS` counts as broken off (the
+/// unread rest makes hyper close the connection after the answer). Never rejects.
 pub fn body(limit: usize) -> impl Filter<Extract = (Body,), Error = warp::Rejection> + Clone {
     warp::header::optional::<u64>("content-length")
         .and(warp::body::stream())
@@ -102,7 +103,10 @@ pub fn body(limit: usize) -> impl Filter<Extract = (Body,), Error = warp::Reject
             if len.is_some_and(|n| n > limit as u64) {
                 return Body::TooLarge;
             }
-            read_limited(stream, limit).await
+            let deadline = std::time::Duration::from_millis(crate::contract::limits::BODY_READ_MS);
+            tokio::time::timeout(deadline, read_limited(stream, limit))
+                .await
+                .unwrap_or(Body::Broken)
         })
 }
 
@@ -131,10 +135,10 @@ where
     Body::Ok(buf.freeze())
 }
 
-/// Parses a strict JSON body (`deny_unknown_fields` types; duplicates are errors) or answers
-/// `400 invalid_request`.
+/// Parses a body with the strict decoder ([`crate::contract::strict`]: an object with exactly
+/// the documented keys, no `null`, no duplicates) or answers `400 invalid_request`.
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Response> {
-    serde_json::from_slice(bytes).map_err(|_| bad_request())
+    crate::contract::strict::from_slice(bytes).map_err(|_| bad_request())
 }
 
 /// The bearer of a relay route: `Authorization` matching `^Bearer ([^\s]+)$`, else `None`.

@@ -129,6 +129,9 @@ pub async fn start(mut config: Config) -> Result<Running, String> {
     } else {
         None
     };
+    if let (Some(d), Some(p)) = (&director, &push) {
+        d.attach_push_overview(p.clone());
+    }
 
     if let Some(path) = &ctx.config.secrets_file {
         log::info!("[orca-relay] secrets file: {}", path.display());
@@ -150,14 +153,17 @@ pub async fn start(mut config: Config) -> Result<Running, String> {
         spawn_metrics_listener(ctx.clone(), maddr).await?;
     }
     let http = TaskTracker::new();
-    let accept = tokio::spawn(accept_loop(
-        listener,
-        ctx.clone(),
-        filter,
-        director.clone(),
-        cell.clone(),
-        http.clone(),
-    ));
+    let accept = ctx.spawn(
+        "accept",
+        accept_loop(
+            listener,
+            ctx.clone(),
+            filter,
+            director.clone(),
+            cell.clone(),
+            http.clone(),
+        ),
+    );
     Ok(Running {
         addr,
         ctx,
@@ -208,6 +214,9 @@ impl Running {
         self.http.close();
         let _ = tokio::time::timeout(Duration::from_secs(8), self.http.wait()).await;
         self.accept.abort();
+        // Background tasks end with the shutdown token; activity releases must reach the store
+        // before the database closes.
+        self.ctx.wait_tasks(TASKS_WAIT).await;
         self.ctx.db.close();
         if push_ok {
             0
@@ -216,6 +225,9 @@ impl Running {
         }
     }
 }
+
+/// How long shutdown waits for the process's background tasks before closing the database.
+const TASKS_WAIT: Duration = Duration::from_secs(3);
 
 /// `orca-relay serve`: start, wait for SIGTERM/SIGINT, shut down within 10 s.
 pub async fn run(config: Config) -> i32 {
@@ -292,14 +304,23 @@ async fn accept_loop(
     http: TaskTracker,
 ) {
     let svc = warp::service(filter);
+    let slots = Arc::new(tokio::sync::Semaphore::new(
+        crate::contract::limits::HTTP_CONNECTIONS_MAX,
+    ));
     loop {
         let (stream, peer) = accept_with_backoff(|| listener.accept(), "listener").await;
+        // Bounded HTTP connections: over the bound the socket is closed at once (its fd freed).
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let ctx = ctx.clone();
         let svc = svc.clone();
         let director = director.clone();
         let cell = cell.clone();
         http.spawn(async move {
+            let _slot = slot;
             let shutdown = ctx.shutdown.clone();
             let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
                 req.extensions_mut().insert(PeerAddr(peer));
@@ -548,10 +569,14 @@ async fn spawn_metrics_listener(ctx: Ctx, addr: SocketAddr) -> Result<(), String
             async move { metrics_response(&c.metrics).await }
         })
         .boxed();
-    tokio::spawn(async move {
+    let stop = ctx.child_token();
+    ctx.spawn("metrics-listener", async move {
         let svc = warp::service(filter);
         loop {
-            let (stream, _) = accept_with_backoff(|| listener.accept(), "metrics listener").await;
+            let (stream, _) = tokio::select! {
+                _ = stop.cancelled() => return,
+                c = accept_with_backoff(|| listener.accept(), "metrics listener") => c,
+            };
             let svc = svc.clone();
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {

@@ -150,13 +150,7 @@ async fn http_client_beats_with_a_cluster_token_and_loops_until_shutdown() {
         let mut b = b;
         b.started_at = 200;
         // The cell's real loop, with a fixed body.
-        let task = start_heartbeats(
-            ctx.shutdown.clone(),
-            ctx.metrics.clone(),
-            target,
-            move || std::future::ready(b.clone()),
-        )
-        .await;
+        let task = start_heartbeats(&ctx, target, move || std::future::ready(b.clone())).await;
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while d.cell_status("A").await["runtime"]["cellIncarnation"] != json!(inc2) {
             assert!(std::time::Instant::now() < deadline);

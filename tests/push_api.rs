@@ -775,7 +775,8 @@ async fn validation_mode() {
 /// a row in backoff does not block newer due rows, every finish matches the lease token.
 #[tokio::test]
 async fn claim_rules() {
-    use orca_relay::push::store;
+    use orca_relay::push::LIMITS;
+    use orca_relay::store::push as store;
     run_all(|t| async move {
         let now = orca_relay::clock::now_ms();
         let payload = serde_json::to_string(&alert("x", 1)).unwrap();
@@ -795,25 +796,25 @@ async fn claim_rules() {
         ins("a1", "A", now - 30).await;
         ins("a2", "A", now - 20).await;
         ins("b1", "B", now - 10).await;
-        let c1 = store::claim(&t.db, now).await.unwrap().unwrap();
+        let c1 = store::claim(&t.db, &LIMITS, now).await.unwrap().unwrap();
         assert_eq!((c1.delivery_id.as_str(), c1.attempts), ("a1", 1));
-        let c2 = store::claim(&t.db, now).await.unwrap().unwrap();
+        let c2 = store::claim(&t.db, &LIMITS, now).await.unwrap().unwrap();
         assert_eq!(c2.delivery_id, "b1", "A has a live lease");
-        assert!(store::claim(&t.db, now).await.unwrap().is_none());
+        assert!(store::claim(&t.db, &LIMITS, now).await.unwrap().is_none());
         assert!(store::finish_delete(&t.db, &c2).await.unwrap());
-        assert!(store::renew(&t.db, &c1, now).await.unwrap());
+        assert!(store::renew(&t.db, &c1, &LIMITS, now).await.unwrap());
         let mut stale = c1.clone();
         stale.lease_token = "other".into();
-        assert!(!store::renew(&t.db, &stale, now).await.unwrap());
+        assert!(!store::renew(&t.db, &stale, &LIMITS, now).await.unwrap());
         assert!(!store::finish_delete(&t.db, &stale).await.unwrap());
         assert!(store::finish_retry(&t.db, &c1, now + 5_000).await.unwrap());
-        let c3 = store::claim(&t.db, now).await.unwrap().unwrap();
+        let c3 = store::claim(&t.db, &LIMITS, now).await.unwrap().unwrap();
         assert_eq!(c3.delivery_id, "a2", "a row in backoff does not block newer due rows");
         assert!(store::finish_delete(&t.db, &c3).await.unwrap());
-        let c4 = store::claim(&t.db, now + 5_000).await.unwrap().unwrap();
+        let c4 = store::claim(&t.db, &LIMITS, now + 5_000).await.unwrap().unwrap();
         assert_eq!((c4.delivery_id.as_str(), c4.attempts), ("a1", 2));
         // Lease lapse: a crashed worker's row is claimable again after 30 s.
-        let c5 = store::claim(&t.db, now + 5_000 + 30_000).await.unwrap().unwrap();
+        let c5 = store::claim(&t.db, &LIMITS, now + 5_000 + 30_000).await.unwrap().unwrap();
         assert_eq!(c5.delivery_id, "a1");
         assert!(!store::finish_delete(&t.db, &c4).await.unwrap(), "the lost lease changes nothing");
         assert!(store::finish_delete(&t.db, &c5).await.unwrap());

@@ -140,6 +140,7 @@ async fn handshake(
             ))
         }
         First::Oversize => return Err(close_with(close::MESSAGE_TOO_BIG, "message too big")),
+        First::Violation(code) => return Err(close_with(code, ws::violation_reason(code))),
         First::Gone => return Err(Fail::Gone),
     };
     let hello: frames::HostHello = match frames::split(&text) {
@@ -235,6 +236,7 @@ async fn handshake(
                 ));
             }
             First::Oversize => return Err(close_with(close::MESSAGE_TOO_BIG, "message too big")),
+            First::Violation(code) => return Err(close_with(code, ws::violation_reason(code))),
             First::Gone => return Err(Fail::Gone),
         };
     count_proof(cell, if proof_ok { "ok" } else { "invalid" });
@@ -244,6 +246,8 @@ async fn handshake(
             reason::INVALID_HOST_PROOF,
         ));
     }
+    // The host proved its key: the control leg's own message limit applies from here.
+    ws::authenticated(ws);
     // §3.5 activation, serialised per host, FIFO.
     let lock = cell.registry().activation_lock(key);
     let Some(_turn) = wait_activation_turn(
@@ -488,11 +492,27 @@ async fn control_loop(
 ) -> Option<String> {
     let tick = Duration::from_millis(limits::CONTROL_TICK_MS);
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + tick, tick);
+    let (cmds, mut replies) = Commands::new();
+    // A command that found every slot busy: the socket is not read until it starts.
+    let mut waiting: Option<Command> = None;
     loop {
         tokio::select! {
-            m = ws.next() => match m {
+            permit = cmds.slot(), if waiting.is_some() => {
+                if let Some(cmd) = waiting.take() {
+                    start_command(cell, session, &cmds, permit, cmd);
+                }
+            }
+            reply = replies.recv() => {
+                if let Some((frame, _permit)) = reply {
+                    if ws.send(Message::text(frame.to_string())).await.is_err() {
+                        return None;
+                    }
+                }
+            }
+            m = ws.next(), if waiting.is_none() => match m {
                 Some(Ok(Message::Text(t))) => {
-                    if let Err((code, r)) = Box::pin(on_text(cell, session, sock_id, t.as_str())).await {
+                    let text = on_text(cell, session, sock_id, t.as_str(), &cmds, &mut waiting);
+                    if let Err((code, r)) = Box::pin(text).await {
                         cell.close_leg(Leg::Control, ws, code, r).await;
                         return None;
                     }
@@ -753,6 +773,8 @@ async fn on_text(
     session: &Arc<Session>,
     sock_id: u64,
     text: &str,
+    cmds: &Commands,
+    waiting: &mut Option<Command>,
 ) -> Result<(), (u16, &'static str)> {
     let (ty, m) = match frames::split(text) {
         Split::NotJson => return Err((close::BAD_OUTER_CREDENTIAL, reason::INVALID_CONTROL_JSON)),
@@ -791,14 +813,14 @@ async fn on_text(
         }
         "invite-create" => match frames::body::<frames::InviteCreate>(m.clone()) {
             Some(c) => {
-                spawn_command(cell, session, sock_id, Command::Invite(c));
+                spawn_command(cell, session, cmds, waiting, Command::Invite(c));
                 Ok(())
             }
             None => invalid(&m),
         },
         "device-credential-install" => match frames::body::<frames::Install>(m.clone()) {
             Some(c) => {
-                spawn_command(cell, session, sock_id, Command::Install(c));
+                spawn_command(cell, session, cmds, waiting, Command::Install(c));
                 Ok(())
             }
             None => invalid(&m),
@@ -806,7 +828,7 @@ async fn on_text(
         "device-credential-install-status" => {
             match frames::body::<frames::InstallStatus>(m.clone()) {
                 Some(c) => {
-                    spawn_command(cell, session, sock_id, Command::Status(c));
+                    spawn_command(cell, session, cmds, waiting, Command::Status(c));
                     Ok(())
                 }
                 None => invalid(&m),
@@ -814,14 +836,14 @@ async fn on_text(
         }
         "device-resume-confirm" => match frames::body::<frames::ResumeConfirm>(m.clone()) {
             Some(c) => {
-                spawn_command(cell, session, sock_id, Command::Confirm(c));
+                spawn_command(cell, session, cmds, waiting, Command::Confirm(c));
                 Ok(())
             }
             None => invalid(&m),
         },
         "device-revoke" => match frames::body::<frames::Revoke>(m.clone()) {
             Some(c) => {
-                spawn_command(cell, session, sock_id, Command::Revoke(c));
+                spawn_command(cell, session, cmds, waiting, Command::Revoke(c));
                 Ok(())
             }
             None => invalid(&m),
@@ -876,13 +898,91 @@ enum Command {
     Revoke(frames::Revoke),
 }
 
-fn spawn_command(cell: &Arc<Cell>, session: &Arc<Session>, sock_id: u64, cmd: Command) {
-    let cell = cell.clone();
-    let session = session.clone();
-    tokio::spawn(async move {
-        let reply = run_command(&cell, &session, cmd).await;
-        send_frame(&session, sock_id, reply);
-    });
+/// Commands one control socket may have running at once. "Commands may run concurrently; each
+/// gets one reply" (§4.1): a host that sends more waits (its socket is not read) until a reply
+/// frees a slot, so a burst costs bounded memory and store load, and no command is refused.
+pub const COMMANDS_IN_FLIGHT: usize = 16;
+
+/// The command side of one control socket: one permit per command, held until the control loop
+/// has taken its reply, and a reply queue with room for every permit, so a reply can never find
+/// the queue full (the shared outbound queue drops frames when full; replies must not).
+pub(crate) struct Commands {
+    permits: Arc<tokio::sync::Semaphore>,
+    replies: mpsc::Sender<Reply>,
+}
+
+/// A command's reply with the permit it frees once sent.
+pub(crate) type Reply = (Value, tokio::sync::OwnedSemaphorePermit);
+
+impl Commands {
+    pub(crate) fn new() -> (Commands, mpsc::Receiver<Reply>) {
+        let (replies, rx) = mpsc::channel(COMMANDS_IN_FLIGHT);
+        let permits = Arc::new(tokio::sync::Semaphore::new(COMMANDS_IN_FLIGHT));
+        (Commands { permits, replies }, rx)
+    }
+
+    /// Waits for a free slot.
+    async fn slot(&self) -> tokio::sync::OwnedSemaphorePermit {
+        self.permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed")
+    }
+
+    /// Runs `work` on the process tracker and queues its reply.
+    fn run<F>(&self, ctx: &crate::app::Ctx, permit: tokio::sync::OwnedSemaphorePermit, work: F)
+    where
+        F: std::future::Future<Output = Value> + Send + 'static,
+    {
+        let replies = self.replies.clone();
+        ctx.spawn("control-command", async move {
+            let reply = work.await;
+            // Never full: queued replies plus running commands ≤ permits = capacity. An error
+            // means the socket is gone, and with it whoever could read the reply.
+            let _ = replies.try_send((reply, permit));
+        });
+    }
+}
+
+/// Starts `cmd` if a slot is free, else parks it in `waiting` (the control loop stops reading
+/// the socket until a slot frees, then starts it).
+fn spawn_command(
+    cell: &Arc<Cell>,
+    session: &Arc<Session>,
+    cmds: &Commands,
+    waiting: &mut Option<Command>,
+    cmd: Command,
+) {
+    match cmds.permits.clone().try_acquire_owned() {
+        Ok(permit) => start_command(cell, session, cmds, permit, cmd),
+        Err(_) => *waiting = Some(cmd),
+    }
+}
+
+fn start_command(
+    cell: &Arc<Cell>,
+    session: &Arc<Session>,
+    cmds: &Commands,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    cmd: Command,
+) {
+    let (c, s) = (cell.clone(), session.clone());
+    cmds.run(
+        &cell.ctx,
+        permit,
+        async move { run_command(&c, &s, cmd).await },
+    );
+}
+
+/// The `control-error` code of a failed activity acquisition: its own code, except that a
+/// transient store fault is `control_operation_failed` (§4.1), not the director-side
+/// `database_error`.
+fn activity_code(e: &store::ActivityError) -> &'static str {
+    match e {
+        store::ActivityError::Db(_) => "control_operation_failed",
+        other => other.code(),
+    }
 }
 
 async fn run_command(cell: &Arc<Cell>, session: &Arc<Session>, cmd: Command) -> Value {
@@ -911,7 +1011,7 @@ async fn run_command(cell: &Arc<Cell>, session: &Arc<Session>, cmd: Command) -> 
             )
             .await
             {
-                return control_error(Some(&c.req_id), e.code());
+                return control_error(Some(&c.req_id), activity_code(&e));
             }
             match creds::create_invite(db, key, &c.relay_device_id, &c.req_id, now).await {
                 Ok(inv) => {
@@ -962,7 +1062,7 @@ async fn run_command(cell: &Arc<Cell>, session: &Arc<Session>, cmd: Command) -> 
             )
             .await
             {
-                return control_error(Some(&c.req_id), e.code());
+                return control_error(Some(&c.req_id), activity_code(&e));
             }
             let req = creds::InstallRequest {
                 req_id: c.req_id.clone(),

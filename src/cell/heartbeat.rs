@@ -7,11 +7,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
-
+use crate::app::Ctx;
 use crate::contract::heartbeat::HeartbeatSink;
 use crate::contract::wire::CellHeartbeat;
-use crate::metrics::Metrics;
 
 use super::Cell;
 
@@ -48,10 +46,9 @@ pub const INTERVAL: Duration = Duration::from_secs(15);
 /// Starts the heartbeat loop (protocol.md §12): the first beat is awaited here, so a process that
 /// also runs the director has its local cell live before it answers any request; then one beat
 /// every 15 s, single-flight (a slow beat delays the next tick, missed ticks are skipped), until
-/// `stop`. `body` builds each beat's body when it is due.
+/// the process shutdown. `body` builds each beat's body when it is due.
 pub async fn start<F, Fut>(
-    stop: CancellationToken,
-    metrics: Arc<Metrics>,
+    ctx: &Ctx,
     sink: Arc<dyn HeartbeatSink>,
     body: F,
 ) -> tokio::task::JoinHandle<()>
@@ -59,6 +56,8 @@ where
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: Future<Output = CellHeartbeat> + Send,
 {
+    let stop = ctx.child_token();
+    let metrics = ctx.metrics.clone();
     // The cell's sends, apart from the director's receipts (`orca_relay_heartbeats_total`): on a
     // single node one heartbeat is one send and one receipt, never two of the same series.
     let sent = metrics.register_counter_vec(
@@ -81,7 +80,7 @@ where
         }
     };
     beat().await;
-    tokio::spawn(async move {
+    ctx.spawn("cell-heartbeat", async move {
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + INTERVAL, INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {

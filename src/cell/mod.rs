@@ -60,8 +60,6 @@ pub struct Cell {
     pub drain_epoch: AtomicU64,
     pub renewer: renew::Renewer,
     pub counts: Counts,
-    /// Store writes that must finish before the process exits (activity releases).
-    pub background: tokio_util::task::TaskTracker,
 }
 
 /// Live counts for `/v1/admin/runtime-status` and heartbeats.
@@ -107,7 +105,6 @@ impl Cell {
             drain_epoch: AtomicU64::new(0),
             renewer,
             counts: Counts::default(),
-            background: tokio_util::task::TaskTracker::new(),
             ctx,
         });
         if let Some(sink) = heartbeat {
@@ -119,8 +116,7 @@ impl Cell {
                     c.heartbeat_body(ready)
                 }
             };
-            let stop = cell.ctx.shutdown.clone();
-            heartbeat::start(stop, cell.ctx.metrics.clone(), sink, body).await;
+            heartbeat::start(&cell.ctx, sink, body).await;
         }
         Ok(cell)
     }
@@ -166,10 +162,9 @@ impl Cell {
 
     /// SIGTERM: drain with the shutdown grace and close every socket (protocol.md §11).
     pub async fn shutdown(self: &Arc<Self>) {
+        // Activity releases run on the process tracker, which `server.rs` waits for before it
+        // closes the database.
         drain::shutdown(self).await;
-        self.background.close();
-        let _ =
-            tokio::time::timeout(std::time::Duration::from_secs(3), self.background.wait()).await;
     }
 
     pub fn preauth(&self) -> &PreAuthGate {
@@ -191,7 +186,7 @@ impl Cell {
     }
 
     /// Releases an activity in the background (idempotent in the store; failures are logged).
-    /// Releases are tracked so shutdown can wait for them: a drained process must not leave its
+    /// Releases run on the process tracker so shutdown waits for them: a drained process must not leave its
     /// control leases charged to the cell after it exits.
     pub fn release_activity(&self, key: &HostKey, activity_id: String) {
         self.release_activity_then(key, activity_id, || {});
@@ -207,7 +202,7 @@ impl Cell {
     ) {
         let db = self.ctx.db.clone();
         let key = key.clone();
-        self.background.spawn(async move {
+        self.ctx.spawn("activity-release", async move {
             let now = crate::clock::now_ms();
             let release = crate::store::assignments::release_activity(&db, &key, &activity_id, now);
             let outcome = tokio::time::timeout(std::time::Duration::from_secs(2), release).await;

@@ -150,6 +150,10 @@ pub async fn run_phone(
                 )
                 .await;
         }
+        First::Violation(code) => {
+            held.release_unit();
+            return ws::close(&mut ws, code, ws::violation_reason(code)).await;
+        }
         First::Gone => return held.release_unit(),
     };
     let auth: Option<frames::RelayAuth> = match frames::split(&text) {
@@ -220,6 +224,12 @@ async fn admit(
         abandoned(&key, "assignment", started);
         return Err(None);
     }
+    // Step 2, before anything is spent: a host that was already sent a drain refuses new phones
+    // without reserving the credential (it needs the session key, which step 3 yields).
+    let current = cell.registry().get(&key);
+    if current.is_some_and(|s| s.lock().drain_sent) {
+        return Err(Some((close::DRAINING, REJECTED)));
+    }
     // Step 4: reserve.
     let reserved_at = now_ms();
     let (kind, lease) = match &resolved {
@@ -233,11 +243,13 @@ async fn admit(
         },
         Resolved::Resume { .. } => ("resume", reserved_at + limits::ATTACH_DEADLINE_MS as i64),
     };
+    // The credential is reserved (authenticated): the phone leg's own message limit applies.
+    ws::authenticated(ws);
     if phone_gone(ws, &mut stash) {
         abandoned(&key, "credential", started);
         return Err(None);
     }
-    // Steps 2, 5, 6.
+    // Steps 5, 6 (and step 2 again: a drain may have been sent while reserving).
     let session = cell.registry().get(&key);
     let (session, sock_id) = {
         let Some(session) = session else {
@@ -730,6 +742,7 @@ pub async fn run_data(
             reason::FIRST_FRAME_TIMEOUT,
         )),
         First::Oversize => Err(fail(close::MESSAGE_TOO_BIG, "message too big")),
+        First::Violation(code) => Err(fail(code, ws::violation_reason(code))),
         First::Gone => {
             restore(&cell);
             return;
@@ -806,6 +819,8 @@ pub async fn run_data(
             .await;
     };
     cell.registry().pending_owner.remove(&conn_id);
+    // The ticket authenticated the data leg: its own message limit applies from here.
+    ws::authenticated(&ws);
     if let Err(Attach::Data(leg)) = pending
         .tx
         .send(Attach::Data(Box::new(DataLeg { ws, guard })))

@@ -18,7 +18,7 @@ pub struct Renewer {
 impl Renewer {
     pub fn start(ctx: Ctx) -> Renewer {
         let (tx, rx) = mpsc::channel(4 * limits::RENEWAL_BATCH_ROWS);
-        tokio::spawn(batcher(ctx, rx));
+        ctx.clone().spawn("cell-renewer", batcher(ctx, rx));
         Renewer { tx }
     }
 
@@ -33,7 +33,16 @@ impl Renewer {
 }
 
 async fn batcher(ctx: Ctx, mut rx: mpsc::Receiver<Job>) {
-    while let Some(first) = rx.recv().await {
+    // Ends with the process shutdown (a renewal asked after it reads as a database error).
+    let stop = ctx.child_token();
+    loop {
+        let first = tokio::select! {
+            _ = stop.cancelled() => return,
+            j = rx.recv() => match j {
+                Some(j) => j,
+                None => return,
+            },
+        };
         let mut jobs = vec![first];
         let deadline =
             tokio::time::Instant::now() + Duration::from_millis(limits::RENEWAL_BATCH_FLUSH_MS);

@@ -1,6 +1,14 @@
 //! Budgets and limits (protocol.md §10, push.md §13, operations.md). Milliseconds unless named.
 
 pub const RELAY_BODY_MAX: usize = 4096;
+/// A request body must arrive completely within this long after the handler starts reading it;
+/// a slower one is treated as broken off (`400 invalid_request`, connection closed).
+pub const BODY_READ_MS: u64 = 10_000;
+/// Plain HTTP connections (WebSocket handshakes up to the 101 included) served at once; above
+/// it a new TCP connection is closed at once. Upgraded legs are not counted here but by the
+/// cell's connection limits (`ORCA_RELAY_CELL_MAX_CONNECTIONS` or the hard cap), so the open-file
+/// limit should exceed that ceiling plus this bound plus the database pool.
+pub const HTTP_CONNECTIONS_MAX: usize = 1024;
 pub const PUSH_BODY_MAX: usize = 16384;
 pub const HOST_TOKEN_MAX_CHARS: usize = 8192;
 pub const SELF_HOSTED_TOKEN_TTL_S: i64 = 900;
@@ -32,6 +40,13 @@ pub const CONTROL_LEASE_JITTER_MS: i64 = 30 * 60_000;
 pub const CONTROL_RENEWAL_INTERVAL_MS: i64 = 30_000;
 pub const CONTROL_RENEWAL_REQUEST_MS: i64 = 105_000;
 pub const DEFAULT_ACTIVITY_LEASE_MS: i64 = 90_000;
+/// How far ahead a control activity's expiry may be set (director.md §5.5).
+pub const CONTROL_ACTIVITY_EXPIRY_MAX_MS: i64 = 120_000;
+/// How far ahead any other activity's expiry may be set (director.md §5.5).
+pub const ACTIVITY_EXPIRY_MAX_MS: i64 = 600_000;
+/// Bounds of a cell's `connectionHardCap` (director.md §3.6, §3.8).
+pub const CONNECTION_HARD_CAP_MIN: i64 = 200;
+pub const CONNECTION_HARD_CAP_MAX: i64 = 1_000_000;
 pub const RENEWAL_BATCH_FLUSH_MS: u64 = 1_000;
 pub const RENEWAL_BATCH_ROWS: usize = 200;
 pub const PREAUTH_CELL_MAX: usize = 45;

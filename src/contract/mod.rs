@@ -7,5 +7,7 @@ pub mod close;
 pub mod errors;
 pub mod heartbeat;
 pub mod limits;
+pub mod overview;
+pub mod strict;
 pub mod validate;
 pub mod wire;

@@ -19,6 +19,7 @@ use super::placement::{dormant, HostView};
 use super::routes::{bytes, db_unavailable, post};
 use super::Director;
 use crate::clock;
+use crate::contract::limits::{CONNECTION_HARD_CAP_MAX, CONNECTION_HARD_CAP_MIN, CONTROL_RESERVE};
 use crate::contract::validate::{check_origin, is_cell_id, is_opaque_id};
 use crate::http::{self as h, Body, Response};
 use crate::model::HostKey;
@@ -179,7 +180,10 @@ impl Director {
         };
         let cap_and_bound = match (r.connection_hard_cap, r.connection_unobserved_bound) {
             (None, None) => None,
-            (Some(c), Some(b)) if (200..=1_000_000).contains(&c) && (0..=c - 101).contains(&b) => {
+            (Some(c), Some(b))
+                if (CONNECTION_HARD_CAP_MIN..=CONNECTION_HARD_CAP_MAX).contains(&c)
+                    && (0..=c - CONTROL_RESERVE as i64 - 1).contains(&b) =>
+            {
                 Some((c, b))
             }
             _ => return h::bad_request(),
@@ -627,12 +631,10 @@ impl Director {
             "migrations": {"open": open},
             "regionalRehome": {"enabled": enabled, "committed": committed, "deferred": 0, "aborted": aborted},
         });
-        // `push` only when that role runs in this process (operations.md §3).
-        if self.ctx.config.roles.push {
-            out["push"] = json!({
-                "queueDepth": crate::push::store::queue_depth(db, now).await?,
-                "deadRegistrations": crate::push::store::dead_registrations(db).await?,
-            });
+        // `push` only when that role runs in this process (operations.md §3): `server.rs` attaches
+        // it then.
+        if let Some(push) = self.push_overview.get() {
+            out["push"] = push.push_section().await.map_err(DbError::Transient)?;
         }
         Ok(out)
     }

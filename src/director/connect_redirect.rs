@@ -94,6 +94,9 @@ pub async fn handle(
                 .await
             }
             First::Oversize => return ws::close(&mut socket, close::MESSAGE_TOO_BIG, "").await,
+            First::Violation(code) => {
+                return ws::close(&mut socket, code, ws::violation_reason(code)).await
+            }
             First::Gone => return,
         };
         let answer = match frame::relay_auth(&text) {

@@ -3,6 +3,7 @@
 
 use super::liveness::{incarnation_verdict, IncarnationVerdict};
 use crate::contract::heartbeat::{BeatFuture, HeartbeatSink};
+use crate::contract::limits::{CONNECTION_HARD_CAP_MAX, CONNECTION_HARD_CAP_MIN, CONTROL_RESERVE};
 use crate::contract::validate::{check_origin, is_cell_id, is_safe_integer, is_uuid};
 use crate::contract::wire::{CellHeartbeat, CellRehomeStatus};
 use crate::model::{Beat, BeatTelemetry};
@@ -55,7 +56,7 @@ pub fn validate(hb: &CellHeartbeat, regions: &[String]) -> Result<Beat, Heartbea
         7 => {
             let t = group.map(|x| x.unwrap_or(0));
             if t[..4].iter().any(|v| !(0..=1_000_000).contains(v))
-                || !(200..=1_000_000).contains(&t[4])
+                || !(CONNECTION_HARD_CAP_MIN..=CONNECTION_HARD_CAP_MAX).contains(&t[4])
                 || t[5] < 0
                 || !is_safe_integer(t[6])
             {
@@ -64,7 +65,7 @@ pub fn validate(hb: &CellHeartbeat, regions: &[String]) -> Result<Beat, Heartbea
             if t[3] != t[0] + t[1] + t[2] {
                 return Err(HeartbeatRefusal::Invalid(TELEMETRY_SUM));
             }
-            if t[5] > t[4] - 101 {
+            if t[5] > t[4] - CONTROL_RESERVE as i64 - 1 {
                 return Err(HeartbeatRefusal::Invalid(TELEMETRY_BOUND));
             }
             Some(BeatTelemetry {

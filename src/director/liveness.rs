@@ -1,8 +1,9 @@
 //! Liveness, causes, headroom, incarnations and fences (director.md §4) as pure functions over
 //! plain rows, so every rule is unit-tested without a database.
 
+use crate::contract::limits::CONTROL_RESERVE;
 /// Heartbeat TTL: a runtime row older than this is not fresh (director.md §4.1).
-pub const HEARTBEAT_TTL_MS: i64 = 45_000;
+pub use crate::contract::limits::HEARTBEAT_TTL_MS;
 /// Fence lifetime (director.md §4.3).
 pub const FENCE_TTL_MS: i64 = 300_000;
 /// Age beyond which a roll stamp no longer isolates (director.md §6.2).
@@ -62,7 +63,8 @@ impl CellView {
         };
         match self.runtime.as_ref().and_then(|r| r.telemetry.as_ref()) {
             Some(t) if t.observed_at > now - HEARTBEAT_TTL_MS => {
-                t.enforced_connection_units + self.outstanding + bound < cap - 100
+                t.enforced_connection_units + self.outstanding + bound
+                    < cap - CONTROL_RESERVE as i64
             }
             _ => false,
         }

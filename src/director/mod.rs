@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use warp::filters::BoxedFilter;
 
 use crate::app::Ctx;
+use crate::contract::overview::PushOverview;
 use crate::contract::wire::CellHeartbeat;
 use crate::crypto::jwt::{HostTokenVerifier, JwksSource};
 use crate::http::Response;
@@ -50,6 +51,8 @@ pub struct Director {
     pub redirect_admission: connect_redirect::RedirectAdmission,
     stop: CancellationToken,
     sweeps: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The overview's `push` section, when the push role runs in this process.
+    push_overview: std::sync::OnceLock<Arc<dyn PushOverview>>,
 }
 
 impl Director {
@@ -84,8 +87,9 @@ impl Director {
             rejects: RejectLog::new(),
             regions_cache: tokio::sync::Mutex::new(None),
             redirect_admission: Default::default(),
-            stop: CancellationToken::new(),
+            stop: ctx.child_token(),
             sweeps: Mutex::new(None),
+            push_overview: std::sync::OnceLock::new(),
             ctx,
         });
         director.register_configured_cells().await?;
@@ -178,6 +182,12 @@ impl Director {
                 Err(HeartbeatRefusal::Unavailable)
             }
         }
+    }
+
+    /// Gives the admin overview its `push` section (the composition root calls this when the push
+    /// role runs in this process). A second call is ignored.
+    pub fn attach_push_overview(&self, push: Arc<dyn PushOverview>) {
+        let _ = self.push_overview.set(push);
     }
 
     /// The director's HTTP routes.

@@ -11,14 +11,26 @@ use tokio_util::sync::CancellationToken;
 use super::assign::{assign, AssignError, AssignOptions};
 use super::migrate::{self as m, SweepCount};
 use super::Director;
+use crate::contract::limits::INVITE_COOLDOWN_MS;
+use crate::model::ActivityId;
 use crate::store::DbError;
+use crate::store::{assignments, credentials};
+
+/// Invites expired per `credential-cleanup` pass.
+const INVITE_BATCH: i64 = 500;
+/// Rate windows are kept 24 h.
+const RATE_WINDOW_RETENTION_MS: i64 = 86_400_000;
+/// The dead-cell sweep waits up to 1 s for cell rows (director.md §2).
+const DEAD_CELL_WAIT_MS: u64 = 1_000;
+/// Sweep period (director.md §5.6: every 30 s ± 20 %).
+const SWEEP_EVERY_MS: f64 = 30_000.0;
 
 /// Starts the loop; it stops when `stop` (or the process shutdown) is cancelled.
 pub fn spawn(d: Arc<Director>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
+    d.ctx.clone().spawn("director-sweeps", async move {
         loop {
             let jitter = 0.8 + rand::random::<f64>() * 0.4;
-            let wait = Duration::from_millis((30_000.0 * jitter) as u64);
+            let wait = Duration::from_millis((SWEEP_EVERY_MS * jitter) as u64);
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = d.ctx.shutdown.cancelled() => return,
@@ -101,66 +113,25 @@ pub async fn run_once(d: &Director) {
 /// lapsed direct authorizations, delete rate windows older than 24 h.
 async fn credential_cleanup(d: &Director, now: i64) -> Result<SweepCount, DbError> {
     let db = &d.ctx.db;
-    let expiring = db
-        .query(
-            "SELECT token_hash, user_id, relay_host_id, offer_req_id FROM relay_invites \
-             WHERE state IN ('available', 'reserved', 'cooldown') AND expires_at <= $1 LIMIT 500",
-            crate::params![now],
-        )
-        .await?;
     let mut count = SweepCount::default();
-    for r in &expiring {
-        let n = db
-            .execute(
-                "UPDATE relay_invites SET state = 'expired', updated_at = $2 WHERE token_hash = $1 \
-                 AND state IN ('available', 'reserved', 'cooldown')",
-                crate::params![r.str(0), now],
-            )
-            .await?;
-        if n == 0 {
+    for inv in credentials::expiring_invites(db, now, INVITE_BATCH).await? {
+        if !credentials::expire_invite(db, &inv.token_hash, now).await? {
             continue;
         }
         count.done += 1;
-        if let Some(req) = r.opt_str(3) {
-            let host = crate::store::assignments::HostKey {
-                user_id: r.str(1),
-                relay_host_id: r.str(2),
-            };
-            match crate::store::assignments::release_activity(
-                db,
-                &host,
-                &format!("invite-offer:{req}"),
-                now,
-            )
-            .await
-            {
+        if let Some(req) = inv.offer_req_id {
+            let id = ActivityId::InviteOffer(req).to_string();
+            match assignments::release_activity(db, &inv.host, &id, now).await {
                 Ok(()) => {}
                 Err(DbError::LockUnavailable) => count.skipped += 1,
                 Err(e) => return Err(e),
             }
         }
     }
-    db.execute(
-        "UPDATE relay_invites SET state = 'cooldown', cooldown_until = $2, updated_at = $1 \
-         WHERE state = 'reserved' AND reservation_expires_at IS NOT NULL AND reservation_expires_at <= $1",
-        crate::params![now, now + 2_000],
-    )
-    .await?;
-    db.execute(
-        "UPDATE relay_connection_bases SET active = $2 WHERE active = $3 AND deadline < $1",
-        crate::params![now, false, true],
-    )
-    .await?;
-    db.execute(
-        "UPDATE relay_direct_authorizations SET consumed_at = $1 WHERE consumed_at IS NULL AND deadline < $1",
-        crate::params![now],
-    )
-    .await?;
-    db.execute(
-        "DELETE FROM relay_rate_windows WHERE window_start < $1",
-        crate::params![now - 86_400_000],
-    )
-    .await?;
+    credentials::cool_down_lapsed_reservations(db, now, now + INVITE_COOLDOWN_MS).await?;
+    credentials::deactivate_lapsed_bases(db, now).await?;
+    credentials::consume_lapsed_authorizations(db, now).await?;
+    credentials::delete_rate_windows_before(db, now - RATE_WINDOW_RETENTION_MS).await?;
     Ok(count)
 }
 
@@ -177,7 +148,7 @@ async fn evacuate_dead_cells(d: &Director, now: i64) -> Result<SweepCount, DbErr
             None,
             &d.ctx.config.regions,
             AssignOptions {
-                cell_wait_ms: 1_000,
+                cell_wait_ms: DEAD_CELL_WAIT_MS,
             },
         )
         .await;

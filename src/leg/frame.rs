@@ -8,6 +8,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use crate::contract::strict;
 use crate::crypto::b64::is_b64u32;
 
 /// Largest Generation / EpochMs value (2^53 − 1).
@@ -22,7 +23,7 @@ pub enum Split {
 }
 
 pub fn split(text: &str) -> Split {
-    match serde_json::from_str::<Value>(text) {
+    match strict::parse_value(text.as_bytes()) {
         Err(_) => Split::NotJson,
         Ok(Value::Object(mut m)) => match m.remove("type") {
             Some(Value::String(t)) => Split::Typed(t, m),
@@ -32,9 +33,10 @@ pub fn split(text: &str) -> Split {
     }
 }
 
-/// Deserialises the object minus `type` into `T` (which denies unknown fields), then `check`s it.
+/// Decodes the object minus `type` into `T` with the strict decoder ([`crate::contract::strict`]),
+/// then `check`s it.
 pub fn body<T: DeserializeOwned + Check>(m: Map<String, Value>) -> Option<T> {
-    let t: T = serde_json::from_value(Value::Object(m)).ok()?;
+    let t: T = strict::from_map(m).ok()?;
     t.check().then_some(t)
 }
 

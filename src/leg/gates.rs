@@ -51,6 +51,11 @@ pub fn pre_gates(req: &http::Request<Incoming>, shutting_down: bool) -> Result<U
             response: ws::refuse(status),
         })
     };
+    // RFC 6455 §4.2.1: a key that is not base64 of 16 bytes (an empty one included) is a bad
+    // handshake, 400, never a 101.
+    if !ws::valid_key(&key) {
+        return refuse("bad_handshake", StatusCode::BAD_REQUEST);
+    }
     if shutting_down {
         return refuse("shutting_down", StatusCode::SERVICE_UNAVAILABLE);
     }

@@ -11,6 +11,7 @@ pub mod admission;
 pub mod frame;
 pub mod gates;
 pub mod path;
+pub mod preauth_io;
 pub mod ws;
 
 pub use gates::{pre_auth, pre_gates, Refusal, Target, Upgrade};

@@ -17,11 +17,12 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
+use super::preauth_io::PreAuthIo;
 use crate::contract::limits;
 use crate::http::Response;
 
-/// A server-side leg socket.
-pub type Ws = WebSocketStream<TokioIo<Upgraded>>;
+/// A server-side leg socket, read through the pre-auth budget ([`PreAuthIo`]).
+pub type Ws = WebSocketStream<PreAuthIo<TokioIo<Upgraded>>>;
 
 /// Bytes tungstenite reads per `read` call (its buffer is allocated per socket and zero-filled
 /// before every read, so this is both the idle cost and the per-read cost).
@@ -101,6 +102,21 @@ pub fn ws_key(req: &http::Request<Incoming>) -> Option<HeaderValue> {
     h.get(http::header::SEC_WEBSOCKET_KEY).cloned()
 }
 
+/// RFC 6455 §4.2.1 item 5: `Sec-WebSocket-Key` is base64 of 16 bytes. Anything else (an empty
+/// key included) is refused 400 instead of upgraded.
+pub fn valid_key(key: &HeaderValue) -> bool {
+    use base64::Engine;
+    key.as_bytes().len() == 24
+        && base64::engine::general_purpose::STANDARD
+            .decode(key.as_bytes())
+            .is_ok_and(|b| b.len() == 16)
+}
+
+/// After authentication: the leg's own message limit applies from now on (see [`PreAuthIo`]).
+pub fn authenticated(ws: &Ws) {
+    ws.get_ref().lift();
+}
+
 /// Answers 101 and returns the future socket. No extension or subprotocol is ever accepted.
 pub fn accept(
     req: &mut http::Request<Incoming>,
@@ -124,7 +140,7 @@ pub fn accept(
         let upgraded = on_upgrade.await.ok()?;
         Some(
             WebSocketStream::from_raw_socket(
-                TokioIo::new(upgraded),
+                PreAuthIo::new(TokioIo::new(upgraded)),
                 Role::Server,
                 Some(config(leg)),
             )
@@ -170,17 +186,39 @@ pub enum First {
     Text(String),
     Binary,
     Timeout,
-    /// Message over the leg maximum: close 1009.
+    /// Message over the leg maximum or over the pre-auth budget: close 1009.
     Oversize,
+    /// A framing violation (RFC 6455): close with this code (1002, or 1007 for invalid UTF-8).
+    Violation(u16),
     /// Closed or errored before a frame.
     Gone,
 }
 
-/// Reads the first data frame, answering pings on the way.
-pub async fn first_frame<S>(ws: &mut WebSocketStream<S>, deadline: Duration) -> First
+/// The close code of a read error that is the peer's protocol violation, if it is one.
+pub fn violation_code(e: &tokio_tungstenite::tungstenite::Error) -> Option<u16> {
+    use tokio_tungstenite::tungstenite::Error;
+    match e {
+        Error::Protocol(_) => Some(1002),
+        Error::Utf8(_) => Some(1007),
+        _ => None,
+    }
+}
+
+/// The close reason sent with a violation code (the spec is silent; RFC 6455 §7.4.1 names).
+pub fn violation_reason(code: u16) -> &'static str {
+    if code == 1007 {
+        "invalid frame payload data"
+    } else {
+        "protocol error"
+    }
+}
+
+/// Reads the first data frame, answering pings on the way. Stops at the pre-auth budget.
+pub async fn first_frame<S>(ws: &mut WebSocketStream<PreAuthIo<S>>, deadline: Duration) -> First
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
+    let over = ws.get_ref().exceeded();
     let read = async {
         loop {
             match ws.next().await {
@@ -190,8 +228,18 @@ where
                 Some(Err(tokio_tungstenite::tungstenite::Error::Capacity(_))) => {
                     return First::Oversize
                 }
+                Some(Err(e)) => match violation_code(&e) {
+                    Some(code) => return First::Violation(code),
+                    None => return First::Gone,
+                },
                 _ => return First::Gone,
             }
+        }
+    };
+    let read = async {
+        tokio::select! {
+            f = read => f,
+            _ = over => First::Oversize,
         }
     };
     tokio::time::timeout(deadline, read)

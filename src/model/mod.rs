@@ -9,6 +9,7 @@
 pub mod activity;
 pub mod assignment;
 pub mod cell;
+pub mod push;
 
 pub use activity::{parse_control_id, parse_decimal, ActivityId, ActivityKind, LeaseKind};
 pub use assignment::{

@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::store::{self, PruneTarget, RETENTION_MS};
+use super::RETENTION_MS;
 use crate::app::Ctx;
 use crate::clock::now_ms;
 use crate::logging;
+use crate::store::push::{self as store, PruneTarget};
 
 const BATCH: i64 = 2000;
 const MAX_BATCHES: usize = 50;
@@ -27,7 +28,7 @@ pub fn spawn_prune(ctx: Ctx, stop: CancellationToken) {
     ] {
         let ctx = ctx.clone();
         let stop = stop.clone();
-        tokio::spawn(async move {
+        ctx.clone().spawn("push-prune", async move {
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
@@ -138,7 +139,7 @@ pub fn spawn_counters(
     interval: Duration,
     stop: CancellationToken,
 ) {
-    tokio::spawn(async move {
+    ctx.clone().spawn("push-counters", async move {
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
@@ -151,7 +152,7 @@ pub fn spawn_counters(
 
 /// Samples `orca_push_queue_depth` every 10 s.
 pub fn spawn_gauge(ctx: Ctx, stop: CancellationToken) {
-    tokio::spawn(async move {
+    ctx.clone().spawn("push-gauge", async move {
         loop {
             if let Ok(n) = store::queue_depth(&ctx.db, now_ms()).await {
                 ctx.metrics.push_queue_depth.set(n);

@@ -13,7 +13,6 @@ pub mod model;
 pub mod provider;
 pub mod ratelimit;
 pub mod routes;
-pub mod store;
 pub mod worker;
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -25,8 +24,30 @@ use warp::filters::BoxedFilter;
 
 use crate::app::Ctx;
 use crate::config::PushMode;
+use crate::contract::overview::{PushOverview, PushSectionFuture};
 use crate::http::Response;
+use crate::store::push::{self as store, Limits as StoreLimits};
 use ratelimit::{Admission, Buckets};
+
+/// A host session's lifetime (push.md §3.3).
+pub const SESSION_TTL_MS: i64 = 86_400_000;
+/// A delivery lease (push.md §7).
+pub const LEASE_MS: i64 = 30_000;
+/// Events per host and kind per quota window (push.md §6).
+pub const EVENT_QUOTA: i64 = 300;
+pub const EVENT_QUOTA_WINDOW_MS: i64 = 900_000;
+/// Retention of delivered events, recipients and fences (push.md §11).
+pub const RETENTION_MS: i64 = 86_400_000;
+
+/// The policy numbers handed to the push statements.
+pub const LIMITS: StoreLimits = StoreLimits {
+    session_ttl_ms: SESSION_TTL_MS,
+    lease_ms: LEASE_MS,
+    event_quota: EVENT_QUOTA,
+    event_quota_window_ms: EVENT_QUOTA_WINDOW_MS,
+    notification_ttl_ms: model::NOTIFICATION_TTL_MS,
+    max_devices: model::MAX_DEVICES,
+};
 
 /// Push's part of the shutdown must end within 9 s of the signal.
 const SHUTDOWN_BUDGET: Duration = Duration::from_millis(8_500);
@@ -74,7 +95,7 @@ impl Push {
             )?)),
             None => None,
         };
-        let stop = CancellationToken::new();
+        let stop = ctx.child_token();
         let counters = Arc::new(jobs::Counters::new());
         let worker = if validation {
             None
@@ -121,12 +142,12 @@ impl Push {
         v
     }
 
-    /// The admin overview's `push` object.
-    pub async fn overview(&self) -> serde_json::Value {
+    /// The admin overview's `push` object (operations.md §3).
+    pub async fn overview(&self) -> Result<serde_json::Value, crate::store::DbError> {
         let now = crate::clock::now_ms();
-        let depth = store::queue_depth(&self.ctx.db, now).await.unwrap_or(0);
-        let dead = store::dead_registrations(&self.ctx.db).await.unwrap_or(0);
-        serde_json::json!({ "queueDepth": depth, "deadRegistrations": dead })
+        let depth = store::queue_depth(&self.ctx.db, now).await?;
+        let dead = store::dead_registrations(&self.ctx.db).await?;
+        Ok(serde_json::json!({ "queueDepth": depth, "deadRegistrations": dead }))
     }
 
     /// Logs the `orca_push_counters` line now if any counter moved.
@@ -172,5 +193,11 @@ impl Push {
         if let Some(w) = &self.worker {
             w.wake();
         }
+    }
+}
+
+impl PushOverview for Push {
+    fn push_section(&self) -> PushSectionFuture<'_> {
+        Box::pin(async move { self.overview().await.map_err(|e| e.to_string()) })
     }
 }

@@ -18,6 +18,11 @@ fn some<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T
     T::deserialize(d).map(Some)
 }
 
+/// `agentState`: a required key whose value is a string or `null` (the spec's one nullable field).
+fn agent_state<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+    crate::contract::strict::nullable(d).map(Some)
+}
+
 fn chars(s: &str) -> usize {
     s.chars().count()
 }
@@ -62,14 +67,7 @@ pub struct DeviceRequest {
     pub apns_environment: Option<Option<String>>,
 }
 
-/// A validated registration.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Device {
-    pub device_id: String,
-    pub platform: String,
-    pub token: String,
-    pub apns_environment: Option<String>,
-}
+pub use crate::model::push::Device;
 
 impl DeviceRequest {
     /// push.md §5 refinements; `None` → `400 invalid_request`.
@@ -134,7 +132,7 @@ pub struct NotificationIn {
     notification_epoch: String,
     source: String,
     /// Required key, nullable value.
-    #[serde(rename = "agentState", deserialize_with = "some")]
+    #[serde(rename = "agentState", deserialize_with = "agent_state")]
     agent_state: Option<Option<String>>,
     title: String,
     body: String,
@@ -396,7 +394,7 @@ mod tests {
     }
 
     fn parse(v: serde_json::Value) -> Option<Notification> {
-        serde_json::from_value::<NotificationIn>(v)
+        crate::contract::strict::from_value::<NotificationIn>(v)
             .ok()
             .and_then(NotificationIn::validate)
     }
@@ -462,7 +460,7 @@ mod tests {
     #[test]
     fn devices() {
         let d = |v: serde_json::Value| {
-            serde_json::from_value::<DeviceRequest>(v)
+            crate::contract::strict::from_value::<DeviceRequest>(v)
                 .ok()
                 .and_then(DeviceRequest::validate)
         };

@@ -15,8 +15,8 @@ use warp::filters::BoxedFilter;
 use warp::Filter;
 
 use super::model::{self, ChallengeRequest, DeviceRequest, SendRequest, SessionRequest};
-use super::store::{self, Accept, Verify};
 use super::Push;
+use super::{LIMITS, SESSION_TTL_MS};
 use crate::clock::now_ms;
 use crate::contract::errors;
 use crate::contract::limits::PUSH_BODY_MAX;
@@ -25,6 +25,7 @@ use crate::crypto::ident::{random_b64u32, relay_host_id, token_hash};
 use crate::crypto::push_proof::issue_push_challenge;
 use crate::http::{self as h, Response};
 use crate::logging;
+use crate::store::push::{self as store, Accept, NewEvent, Verify};
 use crate::store::DbError;
 
 /// Which push route a request is for.
@@ -143,20 +144,27 @@ impl Req {
         let Some(mut stream) = self.stream.take() else {
             return Err(h::bad_request());
         };
-        let mut buf = BytesMut::new();
-        while let Some(chunk) = stream.next().await {
-            let mut chunk = chunk.map_err(|_| h::bad_request())?;
-            if buf.len() + chunk.remaining() > PUSH_BODY_MAX {
-                return Err(h::too_large());
+        let read = async {
+            let mut buf = BytesMut::new();
+            while let Some(chunk) = stream.next().await {
+                let mut chunk = chunk.map_err(|_| h::bad_request())?;
+                if buf.len() + chunk.remaining() > PUSH_BODY_MAX {
+                    return Err(h::too_large());
+                }
+                while chunk.has_remaining() {
+                    let part = chunk.chunk();
+                    let n = part.len();
+                    buf.extend_from_slice(part);
+                    chunk.advance(n);
+                }
             }
-            while chunk.has_remaining() {
-                let part = chunk.chunk();
-                let n = part.len();
-                buf.extend_from_slice(part);
-                chunk.advance(n);
-            }
-        }
-        Ok(buf.freeze())
+            Ok(buf.freeze())
+        };
+        // The same body deadline as every other route (limits::BODY_READ_MS).
+        let deadline = std::time::Duration::from_millis(crate::contract::limits::BODY_READ_MS);
+        tokio::time::timeout(deadline, read)
+            .await
+            .unwrap_or_else(|_| Err(h::bad_request()))
     }
 }
 
@@ -290,11 +298,16 @@ impl Push {
         }
         let token = random_b64u32();
         let now = now_ms();
+        let proof = parsed.proof_b64.as_str();
+        let proof_matches = |secret_hash: &str| {
+            crate::crypto::push_proof::proof_matches_secret_hash(proof, secret_hash)
+        };
         let v = store::verify_and_open_session(
             &self.ctx.db,
             &parsed.challenge_id,
-            &parsed.proof_b64,
+            &proof_matches,
             &token_hash(&token),
+            &LIMITS,
             now,
         )
         .await?;
@@ -303,7 +316,7 @@ impl Push {
                 self.count("session_issued");
                 Ok(h::json(
                     StatusCode::OK,
-                    &json!({"sessionToken": token, "expiresAt": now + store::SESSION_TTL_MS, "hostFingerprint": fp}),
+                    &json!({"sessionToken": token, "expiresAt": now + SESSION_TTL_MS, "hostFingerprint": fp}),
                 ))
             }
             Verify::UnknownChallenge => {
@@ -393,7 +406,7 @@ impl Push {
         let Some(device) = parsed.validate() else {
             return Err(reject());
         };
-        match store::upsert_device(&self.ctx.db, &fp, &device, now_ms()).await? {
+        match store::upsert_device(&self.ctx.db, &fp, &device, &LIMITS, now_ms()).await? {
             Some(id) => {
                 self.count("device_registered");
                 Ok(h::json(StatusCode::OK, &json!({"registrationId": id})))
@@ -436,21 +449,35 @@ impl Push {
         }
         let ids = model::unique_ids(&parsed.registration_ids).ok_or_else(h::bad_request)?;
         let n = parsed.notification.validate().ok_or_else(h::bad_request)?;
+        let (event_id, content, payload) =
+            (n.event_id(&fp), n.content_fingerprint(), n.canonical_json());
+        let event = NewEvent {
+            kind: n.effective_kind(),
+            event_id: &event_id,
+            content: &content,
+            payload: &payload,
+            notification_id: n.notification_id.as_deref(),
+            notification_seq: n.notification_seq as i64,
+            notification_epoch: &n.notification_epoch,
+            expires_at: n.expires_at.map(|e| e as i64),
+        };
         let mut results = Vec::with_capacity(ids.len());
         let mut enqueued = false;
         for id in ids {
             let status = match store::device_state(&self.ctx.db, &fp, &id).await? {
                 None => "error",
                 Some(true) => "dead",
-                Some(false) => match store::accept(&self.ctx.db, &fp, &n, &id, now_ms()).await? {
-                    Accept::Enqueued => {
-                        enqueued = true;
-                        "queued"
+                Some(false) => {
+                    match store::accept(&self.ctx.db, &fp, &event, &id, &LIMITS, now_ms()).await? {
+                        Accept::Enqueued => {
+                            enqueued = true;
+                            "queued"
+                        }
+                        Accept::Queued => "queued",
+                        Accept::RateLimited => "rate_limited",
+                        Accept::Error => "error",
                     }
-                    Accept::Queued => "queued",
-                    Accept::RateLimited => "rate_limited",
-                    Accept::Error => "error",
-                },
+                }
             };
             self.count(match status {
                 "queued" => "send_queued",

@@ -17,10 +17,11 @@ use super::apns::Apns;
 use super::fcm::Fcm;
 use super::model::Notification;
 use super::provider::{backoff_ms, Outcome};
-use super::store::{self, Claimed, Target};
+use super::LIMITS;
 use crate::app::Ctx;
 use crate::clock::now_ms;
 use crate::logging;
+use crate::store::push::{self as store, Claimed, Target};
 
 const TICK: Duration = Duration::from_millis(1000);
 const DRAINS: usize = 12;
@@ -45,6 +46,7 @@ pub struct Worker {
 impl Worker {
     pub fn new(ctx: Ctx, apns: Option<Arc<Apns>>, fcm: Option<Arc<Fcm>>) -> Arc<Worker> {
         let slots = ctx.config.database_pool_max.saturating_sub(1).max(1);
+        let stop = ctx.child_token();
         Arc::new(Worker {
             ctx,
             apns,
@@ -52,7 +54,7 @@ impl Worker {
             wake: Notify::new(),
             drains: Arc::new(Semaphore::new(DRAINS)),
             db_slots: Arc::new(Semaphore::new(slots)),
-            stop: CancellationToken::new(),
+            stop,
             tasks: TaskTracker::new(),
         })
     }
@@ -65,7 +67,7 @@ impl Worker {
     /// The loop: tick or wake → fill the free drain slots.
     pub fn spawn(self: &Arc<Self>) {
         let w = self.clone();
-        tokio::spawn(async move {
+        self.ctx.spawn("push-worker", async move {
             loop {
                 tokio::select! {
                     _ = w.stop.cancelled() => break,
@@ -94,7 +96,7 @@ impl Worker {
             }
             let claimed = {
                 let _slot = self.db_slots.acquire().await;
-                store::claim(&self.ctx.db, now_ms()).await
+                store::claim(&self.ctx.db, &LIMITS, now_ms()).await
             };
             match claimed {
                 Ok(Some(c)) => self.deliver(c).await,
@@ -185,7 +187,7 @@ impl Worker {
             tokio::select! {
                 out = &mut call => return out,
                 _ = renew.tick() => {
-                    if let Err(e) = store::renew(&self.ctx.db, c, now_ms()).await {
+                    if let Err(e) = store::renew(&self.ctx.db, c, &LIMITS, now_ms()).await {
                         logging::event_warn("orca_push_worker_failed", json!({"error": db_class(&e), "target": "renew"}));
                     }
                 }

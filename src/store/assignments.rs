@@ -8,6 +8,7 @@
 //! transactions of their own.
 
 use super::{Db, DbError, Tx};
+use crate::contract::limits;
 pub use crate::model::{
     parse_control_id, parse_decimal, ActivityId, ActivityKind, AssignmentRow, AssignmentView,
     HostKey, HostView, Lease, LeaseCounts, LeaseKind, OpenMigration,
@@ -94,7 +95,7 @@ pub enum RenewalOutcome {
 // Shared row helpers (also used by placement, sweeps and migrations).
 
 /// Lease TTL of a grant's `control-pending:<epoch>` and of a default activity (director.md §5.1).
-pub const LEASE_TTL_MS: i64 = 90_000;
+pub const LEASE_TTL_MS: i64 = limits::DEFAULT_ACTIVITY_LEASE_MS;
 /// Wait for an assignment row in cell-driven operations (director.md §2).
 pub const CELL_DRIVEN_WAIT_MS: u64 = 1_000;
 
@@ -732,9 +733,9 @@ pub async fn acquire_activity(
     check_activity_id(activity_id, kind)?;
     let expires_at = expires_at.unwrap_or(now + LEASE_TTL_MS);
     let max = if kind == ActivityKind::Control {
-        120_000
+        limits::CONTROL_ACTIVITY_EXPIRY_MAX_MS
     } else {
-        600_000
+        limits::ACTIVITY_EXPIRY_MAX_MS
     };
     if expires_at <= now || expires_at > now + max {
         return Err(ActivityError::InvalidActivityExpiry);
@@ -829,7 +830,9 @@ pub async fn renew_control_activities(
         .iter()
         .map(|r| match parse_control_id(&r.activity_id) {
             Some((c, _)) if c == cell_id => {
-                if r.expires_at <= now || r.expires_at > now + 120_000 {
+                if r.expires_at <= now
+                    || r.expires_at > now + limits::CONTROL_ACTIVITY_EXPIRY_MAX_MS
+                {
                     Some(RenewalOutcome::InvalidActivityExpiry)
                 } else {
                     None

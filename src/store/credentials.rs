@@ -759,7 +759,7 @@ mod tests {
             let now = 1_700_000_000_000;
             let h = host();
             let a = create_invite(db, &h, "d1", "r1", now).await.unwrap();
-            assert_eq!(a.expires_at, now + 570_000);
+            assert_eq!(a.expires_at, now + limits::INVITE_TTL_MS);
             let hash = match resolve(db, &h.relay_host_id, &a.token, now).await.unwrap() {
                 Some(Resolved::Invite {
                     hash,
@@ -813,7 +813,7 @@ mod tests {
                 .is_some());
             // Expiry.
             assert_eq!(
-                resolve(db, &h.relay_host_id, &c.token, now + 570_000)
+                resolve(db, &h.relay_host_id, &c.token, now + limits::INVITE_TTL_MS)
                     .await
                     .unwrap(),
                 None
@@ -1001,4 +1001,94 @@ mod tests {
             );
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// `credential-cleanup` primitives (protocol.md §7); the director's sweep composes them.
+
+/// An invite whose lifetime ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpiringInvite {
+    pub token_hash: String,
+    pub host: crate::model::HostKey,
+    /// The request id of its `invite-offer:*` activity, if one was taken.
+    pub offer_req_id: Option<String>,
+}
+
+/// Up to `limit` unexpired-state invites whose `expires_at` passed.
+pub async fn expiring_invites(
+    db: &Db,
+    now: i64,
+    limit: i64,
+) -> Result<Vec<ExpiringInvite>, DbError> {
+    Ok(db
+        .query(
+            "SELECT token_hash, user_id, relay_host_id, offer_req_id FROM relay_invites \
+             WHERE state IN ('available', 'reserved', 'cooldown') AND expires_at <= $1 LIMIT $2",
+            params![now, limit],
+        )
+        .await?
+        .iter()
+        .map(|r| ExpiringInvite {
+            token_hash: r.str(0),
+            host: crate::model::HostKey {
+                user_id: r.str(1),
+                relay_host_id: r.str(2),
+            },
+            offer_req_id: r.opt_str(3),
+        })
+        .collect())
+}
+
+/// Marks one invite `expired`; false when another sweep or a consume got there first.
+pub async fn expire_invite(db: &Db, token_hash: &str, now: i64) -> Result<bool, DbError> {
+    let n = db
+        .execute(
+            "UPDATE relay_invites SET state = 'expired', updated_at = $2 WHERE token_hash = $1 \
+             AND state IN ('available', 'reserved', 'cooldown')",
+            params![token_hash, now],
+        )
+        .await?;
+    Ok(n > 0)
+}
+
+/// `reserved` invites whose reservation lapsed → `cooldown` until `cooldown_until`.
+pub async fn cool_down_lapsed_reservations(
+    db: &Db,
+    now: i64,
+    cooldown_until: i64,
+) -> Result<u64, DbError> {
+    db.execute(
+        "UPDATE relay_invites SET state = 'cooldown', cooldown_until = $2, updated_at = $1 \
+         WHERE state = 'reserved' AND reservation_expires_at IS NOT NULL AND reservation_expires_at <= $1",
+        params![now, cooldown_until],
+    )
+    .await
+}
+
+/// Active connection bases past their deadline → inactive.
+pub async fn deactivate_lapsed_bases(db: &Db, now: i64) -> Result<u64, DbError> {
+    db.execute(
+        "UPDATE relay_connection_bases SET active = $2 WHERE active = $3 AND deadline < $1",
+        params![now, false, true],
+    )
+    .await
+}
+
+/// Unconsumed direct authorizations past their deadline → consumed.
+pub async fn consume_lapsed_authorizations(db: &Db, now: i64) -> Result<u64, DbError> {
+    db.execute(
+        "UPDATE relay_direct_authorizations SET consumed_at = $1 WHERE consumed_at IS NULL AND deadline < $1",
+        params![now],
+    )
+    .await
+}
+
+/// Deletes rate windows that started before `before`.
+pub async fn delete_rate_windows_before(db: &Db, before: i64) -> Result<u64, DbError> {
+    db.execute(
+        "DELETE FROM relay_rate_windows WHERE window_start < $1",
+        params![before],
+    )
+    .await
 }

@@ -19,6 +19,7 @@ pub mod migrate;
 pub mod migrations;
 pub mod overview;
 mod postgres;
+pub mod push;
 mod sqlite;
 pub mod testing;
 mod value;

@@ -5,6 +5,13 @@
 //! so no rusqlite call ever runs on a tokio worker. Plain reads use a second connection on a second
 //! thread (WAL lets it see the last committed state while a write transaction is open); an
 //! in-memory database has no second connection and reads through the writer slot.
+//!
+//! Both queues are bounded and visible to the store-pressure signal ([`WaitTracker`]): a writer
+//! waits for the writer slot, a reader for the reader slot, each registered as a waiter while it
+//! waits, and the slot's permit travels with the job to the database thread, so each thread's
+//! channel holds at most one job of a live caller even when callers are cancelled. At most
+//! [`READ_QUEUE_MAX`] plain reads wait at once; one more fails at once with a retryable error
+//! instead of growing the queue.
 
 use std::borrow::Cow;
 use std::sync::mpsc;
@@ -59,10 +66,16 @@ impl Worker {
     }
 }
 
+/// Plain reads waiting for (or running on) the reader thread at most.
+pub const READ_QUEUE_MAX: usize = 256;
+
 pub struct SqliteDb {
     writer: Worker,
     reader: Option<Worker>,
     slot: Arc<Semaphore>,
+    /// The reader thread's one slot, and the bound on reads queued for it.
+    read_slot: Arc<Semaphore>,
+    read_queue: Arc<Semaphore>,
     pub(super) waits: WaitTracker,
 }
 
@@ -121,6 +134,8 @@ impl SqliteDb {
             writer: Worker::spawn("orca-sqlite-writer", writer),
             reader: reader.map(|c| Worker::spawn("orca-sqlite-reader", c)),
             slot: Arc::new(Semaphore::new(1)),
+            read_slot: Arc::new(Semaphore::new(1)),
+            read_queue: Arc::new(Semaphore::new(READ_QUEUE_MAX)),
             waits: WaitTracker::default(),
         })
     }
@@ -146,7 +161,21 @@ impl SqliteDb {
 
     pub async fn read(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
         match &self.reader {
-            Some(r) => run_query(r, sql, params).await,
+            Some(r) => {
+                let _queued = self
+                    .read_queue
+                    .try_acquire()
+                    .map_err(|_| DbError::Transient("sqlite read queue full".into()))?;
+                let permit = {
+                    let _wait = self.waits.enter();
+                    self.read_slot
+                        .clone()
+                        .acquire_owned()
+                        .await
+                        .map_err(|_| DbError::Transient("sqlite closed".into()))?
+                };
+                run_query(r, sql, params, Some(permit)).await
+            }
             None => {
                 let mut tx = self.begin().await?;
                 let rows = tx.query(sql, params).await;
@@ -166,7 +195,7 @@ pub struct SqliteTx {
 
 impl Backend for SqliteTx {
     async fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
-        run_query(&self.worker, sql, params).await
+        run_query(&self.worker, sql, params, None).await
     }
 
     async fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
@@ -240,11 +269,18 @@ impl Drop for SqliteTx {
     }
 }
 
-async fn run_query(worker: &Worker, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+/// Runs a query on `worker`'s thread; `slot` (if any) is released there once the query ran.
+async fn run_query(
+    worker: &Worker,
+    sql: &str,
+    params: &[Value],
+    slot: Option<OwnedSemaphorePermit>,
+) -> Result<Vec<Row>, DbError> {
     let sql = rewrite(sql).into_owned();
     let params = params.to_vec();
     worker
         .call(move |c| {
+            let _slot = slot;
             let mut stmt = c.prepare_cached(&sql).map_err(map_err)?;
             let ncols = stmt.column_count();
             let mut rows = stmt
@@ -323,7 +359,39 @@ fn map_err(e: rusqlite::Error) -> DbError {
 
 #[cfg(test)]
 mod tests {
-    use super::rewrite;
+    use super::*;
+
+    /// Reads queued behind a busy reader count as store waiters (so the cell's pressure shed sees
+    /// them), at most `READ_QUEUE_MAX` wait, and the next one is refused at once.
+    #[tokio::test]
+    async fn queued_reads_are_bounded_and_visible_to_pressure() {
+        let dir = crate::store::testing::temp_dir("sqlite-read-queue");
+        let path = dir.join("q.db");
+        let db = Arc::new(SqliteDb::open(path.to_str(), false).await.unwrap());
+        assert_eq!(db.read("SELECT 1", &[]).await.unwrap().len(), 1);
+        // Occupy the reader slot, as a long read would.
+        let busy = db.read_slot.clone().acquire_owned().await.unwrap();
+        let mut queued = Vec::new();
+        for _ in 0..READ_QUEUE_MAX {
+            let db = db.clone();
+            queued.push(tokio::spawn(async move { db.read("SELECT 1", &[]).await }));
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while db.waits.snapshot().waiting < READ_QUEUE_MAX as u64 {
+            assert!(std::time::Instant::now() < deadline, "reads never queued");
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(db.waits.snapshot().waiting, READ_QUEUE_MAX as u64);
+        match db.read("SELECT 1", &[]).await {
+            Err(DbError::Transient(m)) => assert_eq!(m, "sqlite read queue full"),
+            other => panic!("expected a full queue, got {other:?}"),
+        }
+        drop(busy);
+        for q in queued {
+            assert_eq!(q.await.unwrap().unwrap().len(), 1);
+        }
+        assert_eq!(db.waits.snapshot().waiting, 0);
+    }
 
     #[test]
     fn rewrites_placeholders_and_locks() {

@@ -38,7 +38,7 @@ pub struct WaitGuard<'a> {
 impl WaitTracker {
     pub fn enter(&self) -> WaitGuard<'_> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let mut inner = self.inner.lock().unwrap();
+        let mut inner = crate::sync::lock(&self.inner);
         inner.waiting.insert(id, Instant::now());
         let n = inner.waiting.len() as u64;
         inner.window_waiters_max = inner.window_waiters_max.max(n);
@@ -46,7 +46,7 @@ impl WaitTracker {
     }
 
     pub fn snapshot(&self) -> PressureSnapshot {
-        let inner = self.inner.lock().unwrap();
+        let inner = crate::sync::lock(&self.inner);
         let oldest = inner
             .waiting
             .values()
@@ -61,7 +61,7 @@ impl WaitTracker {
 
     /// Returns (max waiters, max wait ms) since the previous call and starts a new window.
     pub fn take_window_maxima(&self) -> (u64, u64) {
-        let mut inner = self.inner.lock().unwrap();
+        let mut inner = crate::sync::lock(&self.inner);
         let out = (inner.window_waiters_max, inner.window_wait_ms_max);
         inner.window_waiters_max = inner.waiting.len() as u64;
         inner.window_wait_ms_max = 0;
@@ -71,7 +71,7 @@ impl WaitTracker {
 
 impl Drop for WaitGuard<'_> {
     fn drop(&mut self) {
-        let mut inner = self.tracker.inner.lock().unwrap();
+        let mut inner = crate::sync::lock(&self.tracker.inner);
         if let Some(start) = inner.waiting.remove(&self.id) {
             let ms = start.elapsed().as_millis() as u64;
             inner.window_wait_ms_max = inner.window_wait_ms_max.max(ms);

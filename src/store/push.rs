@@ -1,21 +1,44 @@
-//! Every push SQL statement (push.md §3–§11), written once for both backends.
+//! Every push SQL statement (push.md §3–§11), written once for both backends. The numbers of the
+//! push policy (session lifetime, quotas, lease length) come from `push` in [`Limits`]; the proof
+//! check comes in as a function, so this module knows rows, not rules.
 //!
 //! Scopes: `orca-push-session:<fp>`, `orca-push-device-cap:<fp>`, `orca-push-events:<fp>` (waiting)
 //! and `orca-push-device:<registrationId>` (try only). No transaction takes two scopes; only the
 //! session verification holds a row lock before its scope, and no other transaction takes that
 //! scope's row, so no lock cycle exists (push.md §10).
 
+use super::{Db, DbError, Tx, Value};
+use crate::model::push::Device;
 use crate::params;
-use crate::store::{Db, DbError, Tx, Value};
 use crate::transaction;
 
-use super::model::{Device, Notification, MAX_DEVICES, NOTIFICATION_TTL_MS};
+/// The push policy numbers the statements apply (push.md §3, §5, §6, §7).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub session_ttl_ms: i64,
+    pub lease_ms: i64,
+    pub event_quota: i64,
+    pub event_quota_window_ms: i64,
+    pub notification_ttl_ms: i64,
+    pub max_devices: i64,
+}
 
-pub const SESSION_TTL_MS: i64 = 86_400_000;
-pub const LEASE_MS: i64 = 30_000;
-pub const EVENT_QUOTA: i64 = 300;
-pub const EVENT_QUOTA_WINDOW_MS: i64 = 900_000;
-pub const RETENTION_MS: i64 = 86_400_000;
+/// One notification event as `accept` stores it, derived by `push` from the validated
+/// notification.
+#[derive(Debug, Clone)]
+pub struct NewEvent<'a> {
+    /// `K`: `kind` or `alert`.
+    pub kind: &'a str,
+    pub event_id: &'a str,
+    /// The content fingerprint a replay must match.
+    pub content: &'a str,
+    /// Canonical JSON, sent as is by the worker.
+    pub payload: &'a str,
+    pub notification_id: Option<&'a str>,
+    pub notification_seq: i64,
+    pub notification_epoch: &'a str,
+    pub expires_at: Option<i64>,
+}
 
 // ---------------------------------------------------------------- challenges and sessions
 
@@ -49,8 +72,9 @@ pub enum Verify {
 pub async fn verify_and_open_session(
     db: &Db,
     challenge_id: &str,
-    proof_b64: &str,
+    proof_matches: &(dyn Fn(&str) -> bool + Sync),
     token_hash: &str,
+    limits: &Limits,
     now: i64,
 ) -> Result<Verify, DbError> {
     transaction!(db, "push_session", |tx| {
@@ -67,7 +91,7 @@ pub async fn verify_and_open_session(
         if !row.is_null(3) || now > row.i64(2) {
             return Ok(Verify::InvalidProof);
         }
-        if !crate::crypto::push_proof::proof_matches_secret_hash(proof_b64, &row.str(1)) {
+        if !proof_matches(&row.str(1)) {
             return Ok(Verify::InvalidProof);
         }
         let n = tx
@@ -87,7 +111,7 @@ pub async fn verify_and_open_session(
         .await?;
         tx.execute(
             "INSERT INTO push_sessions (token_hash, host_fingerprint, expires_at, created_at) VALUES ($1, $2, $3, $4)",
-            params![token_hash, fp.as_str(), now + SESSION_TTL_MS, now],
+            params![token_hash, fp.as_str(), now + limits.session_ttl_ms, now],
         )
         .await?;
         Ok::<_, DbError>(Verify::Ok { fp })
@@ -112,6 +136,7 @@ pub async fn upsert_device(
     db: &Db,
     fp: &str,
     d: &Device,
+    limits: &Limits,
     now: i64,
 ) -> Result<Option<String>, DbError> {
     transaction!(db, "push_device_upsert", |tx| {
@@ -145,7 +170,7 @@ pub async fn upsert_device(
             .await?
             .map(|r| r.i64(0))
             .unwrap_or(0);
-        if count >= MAX_DEVICES {
+        if count >= limits.max_devices {
             return Ok(None);
         }
         let id = uuid::Uuid::new_v4().to_string();
@@ -277,43 +302,26 @@ pub enum Accept {
 pub async fn accept(
     db: &Db,
     fp: &str,
-    n: &Notification,
+    n: &NewEvent<'_>,
     registration_id: &str,
+    limits: &Limits,
     now: i64,
 ) -> Result<Accept, DbError> {
-    let kind = n.effective_kind().to_string();
-    let event_id = n.event_id(fp);
-    let content = n.content_fingerprint();
-    let payload = n.canonical_json();
     transaction!(db, "push_accept", |tx| {
         tx.scope_lock(&format!("orca-push-events:{fp}")).await?;
-        accept_in(
-            tx,
-            fp,
-            n,
-            &kind,
-            &event_id,
-            &content,
-            &payload,
-            registration_id,
-            now,
-        )
-        .await
+        accept_in(tx, fp, n, registration_id, limits, now).await
     })
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn accept_in(
     tx: &mut Tx,
     fp: &str,
-    n: &Notification,
-    kind: &str,
-    event_id: &str,
-    content: &str,
-    payload: &str,
+    n: &NewEvent<'_>,
     registration_id: &str,
+    limits: &Limits,
     now: i64,
 ) -> Result<Accept, DbError> {
+    let (kind, event_id, content, payload) = (n.kind, n.event_id, n.content, n.payload);
     let existing = tx
         .query_opt(
             "SELECT fingerprint, expires_at FROM push_events WHERE event_id = $1",
@@ -328,8 +336,8 @@ async fn accept_in(
             row.i64(1)
         }
         None => {
-            let cap = now + NOTIFICATION_TTL_MS;
-            n.expires_at.map_or(cap, |e| (e as i64).min(cap))
+            let cap = now + limits.notification_ttl_ms;
+            n.expires_at.map_or(cap, |e| e.min(cap))
         }
     };
     if deadline <= now {
@@ -339,12 +347,12 @@ async fn accept_in(
         let used = tx
             .query_opt(
                 "SELECT COUNT(*) FROM push_events WHERE host_fingerprint = $1 AND kind = $2 AND created_at > $3",
-                params![fp, kind, now - EVENT_QUOTA_WINDOW_MS],
+                params![fp, kind, now - limits.event_quota_window_ms],
             )
             .await?
             .map(|r| r.i64(0))
             .unwrap_or(0);
-        if used >= EVENT_QUOTA {
+        if used >= limits.event_quota {
             return Ok(Accept::RateLimited);
         }
         tx.execute(
@@ -362,9 +370,9 @@ async fn accept_in(
     if seen.is_some() {
         return Ok(Accept::Queued);
     }
-    let seq = n.notification_seq as i64;
-    let epoch = n.notification_epoch.as_str();
-    if let Some(id) = n.notification_id.as_deref() {
+    let seq = n.notification_seq;
+    let epoch = n.notification_epoch;
+    if let Some(id) = n.notification_id {
         if kind == "alert" {
             let fenced = tx
                 .query_opt(
@@ -400,7 +408,7 @@ async fn accept_in(
             registration_id,
             kind,
             epoch,
-            n.notification_id.clone(),
+            n.notification_id,
             seq,
             payload,
             now,
@@ -434,11 +442,11 @@ pub struct Claimed {
 const CANDIDATES: usize = 4;
 
 /// Claims the next due delivery (push.md §7): at most one live lease per registration, in due order.
-pub async fn claim(db: &Db, now: i64) -> Result<Option<Claimed>, DbError> {
-    transaction!(db, "push_claim", |tx| claim_in(tx, now).await)
+pub async fn claim(db: &Db, limits: &Limits, now: i64) -> Result<Option<Claimed>, DbError> {
+    transaction!(db, "push_claim", |tx| claim_in(tx, limits, now).await)
 }
 
-async fn claim_in(tx: &mut Tx, now: i64) -> Result<Option<Claimed>, DbError> {
+async fn claim_in(tx: &mut Tx, limits: &Limits, now: i64) -> Result<Option<Claimed>, DbError> {
     let mut excluded: Vec<String> = Vec::new();
     let mut tried = 0;
     while tried < CANDIDATES {
@@ -447,7 +455,10 @@ async fn claim_in(tx: &mut Tx, now: i64) -> Result<Option<Claimed>, DbError> {
              FROM push_deliveries d WHERE d.lease_until <= $1 AND d.expires_at > $1 AND d.due_at <= $1 AND d.due_at > $2 \
              AND NOT EXISTS (SELECT 1 FROM push_deliveries o WHERE o.registration_id = d.registration_id AND o.lease_until > $1)",
         );
-        let mut params: Vec<Value> = vec![Value::Int(now), Value::Int(now - NOTIFICATION_TTL_MS)];
+        let mut params: Vec<Value> = vec![
+            Value::Int(now),
+            Value::Int(now - limits.notification_ttl_ms),
+        ];
         for r in &excluded {
             params.push(Value::Text(r.clone()));
             sql.push_str(&format!(" AND d.registration_id <> ${}", params.len()));
@@ -505,7 +516,7 @@ async fn claim_in(tx: &mut Tx, now: i64) -> Result<Option<Claimed>, DbError> {
             .query_opt(
                 "UPDATE push_deliveries SET lease_token = $1, lease_until = $2, attempts = attempts + 1 WHERE delivery_id = $3 \
                  RETURNING host_fingerprint, payload_json, expires_at, attempts",
-                params![lease_token.as_str(), now + LEASE_MS, delivery_id.as_str()],
+                params![lease_token.as_str(), now + limits.lease_ms, delivery_id.as_str()],
             )
             .await?;
         let Some(row) = row else {
@@ -526,11 +537,11 @@ async fn claim_in(tx: &mut Tx, now: i64) -> Result<Option<Claimed>, DbError> {
 }
 
 /// Extends a live lease; false when the lease was lost.
-pub async fn renew(db: &Db, c: &Claimed, now: i64) -> Result<bool, DbError> {
+pub async fn renew(db: &Db, c: &Claimed, limits: &Limits, now: i64) -> Result<bool, DbError> {
     let n = db
         .execute(
             "UPDATE push_deliveries SET lease_until = $1 WHERE delivery_id = $2 AND lease_token = $3",
-            params![now + LEASE_MS, c.delivery_id.as_str(), c.lease_token.as_str()],
+            params![now + limits.lease_ms, c.delivery_id.as_str(), c.lease_token.as_str()],
         )
         .await?;
     Ok(n == 1)
@@ -655,7 +666,7 @@ pub const PRUNE_DELIVERIES: &[PruneTarget] = &[
 pub async fn prune_composite(db: &Db, before: i64, batch: i64) -> Result<u64, DbError> {
     let mut total = 0;
     match db.kind() {
-        crate::store::DbKind::Postgres => {
+        super::DbKind::Postgres => {
             total += db
                 .execute(
                     &format!("DELETE FROM push_event_recipients WHERE ctid IN (SELECT ctid FROM push_event_recipients WHERE created_at < $1 LIMIT {batch})"),
@@ -669,7 +680,7 @@ pub async fn prune_composite(db: &Db, before: i64, batch: i64) -> Result<u64, Db
                 )
                 .await?;
         }
-        crate::store::DbKind::Sqlite => {
+        super::DbKind::Sqlite => {
             total += db
                 .execute(
                     &format!("DELETE FROM push_event_recipients WHERE rowid IN (SELECT rowid FROM push_event_recipients WHERE created_at < $1 LIMIT {batch})"),

@@ -1,0 +1,155 @@
+//! Slow and piled-up HTTP clients (issue 11): a request body must arrive within
+//! `limits::BODY_READ_MS` (10 s) or the request is answered 400 and the connection closed; plain
+//! HTTP connections are bounded (`limits::HTTP_CONNECTIONS_MAX`), over the bound a socket is closed
+//! at once; and a legitimate host and phone still pair meanwhile.
+
+#[path = "support/cell/mod.rs"]
+mod support;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use orca_relay::cell::testkit;
+use orca_relay::contract::limits::{BODY_READ_MS, HTTP_CONNECTIONS_MAX};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Headers of a POST with a 200-byte body, then one body byte a second; returns when the server
+/// answers and closes: (time from the first body byte, the answer's status line).
+async fn slow_body(addr: SocketAddr) -> (Duration, String) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /v1/admin/cell-status HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {ADMIN}\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        if s.write_all(b" ").await.is_err() {
+            // The server closed: read what it answered.
+        }
+        match tokio::time::timeout(Duration::from_secs(1), s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => {}
+        }
+        if started.elapsed() > Duration::from_secs(25) {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&got);
+    (
+        started.elapsed(),
+        text.lines().next().unwrap_or("").to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_are_cut_off_and_pairing_still_works() {
+    let db = orca_relay::store::testing::TestDb::sqlite().await;
+    let s = start_on(&db.url, &[]).await;
+    let addr = s.running.addr;
+    let slow: Vec<_> = (0..40).map(|_| tokio::spawn(slow_body(addr))).collect();
+    // While they trickle: a host and a phone pair.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let host = Host::assigned(&s, "slow-body").await;
+    let mut c = host.connect(&s).await;
+    let invite = c.create_invite("r1", "d1").await.expect("invite");
+    let pair = testkit::pair_phone(&s.cell_url, &mut c, &host.id.relay_host_id, &invite, &[])
+        .await
+        .expect("pairs during the slow bodies");
+    assert_eq!(pair.hello["ok"], true);
+    let mut times = Vec::new();
+    for t in slow {
+        let (took, status) = t.await.unwrap();
+        assert_eq!(status, "HTTP/1.1 400 Bad Request", "after {took:?}");
+        times.push(took);
+    }
+    let max = times.iter().max().unwrap();
+    let min = times.iter().min().unwrap();
+    eprintln!("40 slow bodies closed after {min:?}..{max:?} (deadline {BODY_READ_MS} ms)");
+    assert!(
+        *min >= Duration::from_millis(BODY_READ_MS - 1_000),
+        "{min:?}"
+    );
+    assert!(
+        *max <= Duration::from_millis(BODY_READ_MS + 5_000),
+        "{max:?}"
+    );
+    s.running.shutdown().await;
+}
+
+/// Raises the soft open-file limit to the hard one; `false` if that is still too low.
+fn enough_fds(need: u64) -> bool {
+    unsafe {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return false;
+        }
+        if r.rlim_cur < need {
+            r.rlim_cur = r.rlim_max.min(need * 2);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+        r.rlim_cur >= need
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_connections_are_bounded() {
+    let need = (HTTP_CONNECTIONS_MAX as u64) * 2 + 200;
+    if !enough_fds(need) {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "open-file limit below {need}"
+        );
+        eprintln!("skipping: open-file limit below {need}");
+        return;
+    }
+    let db = orca_relay::store::testing::TestDb::sqlite().await;
+    let s = start_on(&db.url, &[]).await;
+    let addr = s.running.addr;
+    let mut idle = Vec::new();
+    for _ in 0..HTTP_CONNECTIONS_MAX {
+        idle.push(TcpStream::connect(addr).await.unwrap());
+    }
+    // Let the server accept them all, then one more is closed at once.
+    let health = || async {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let _ = s
+            .write_all(
+                format!("GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            )
+            .await;
+        let mut got = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut got)).await;
+        String::from_utf8_lossy(&got).into_owned()
+    };
+    let mut refused = false;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if health().await.is_empty() {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(refused, "connection over the bound was served");
+    drop(idle);
+    let mut served = false;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if health().await.starts_with("HTTP/1.1 200") {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(served, "served again once the idle connections closed");
+    s.running.shutdown().await;
+}
