@@ -54,7 +54,7 @@ pub fn pre_gates(req: &http::Request<Incoming>, shutting_down: bool) -> Result<U
     // RFC 6455 §4.2.1: a key that is not base64 of 16 bytes (an empty one included) is a bad
     // handshake, 400, never a 101.
     if !ws::valid_key(&key) {
-        return refuse("invalid_key", StatusCode::BAD_REQUEST);
+        return refuse("bad_handshake", StatusCode::BAD_REQUEST);
     }
     if shutting_down {
         return refuse("shutting_down", StatusCode::SERVICE_UNAVAILABLE);
