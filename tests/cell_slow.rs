@@ -1,13 +1,10 @@
-//! Control timers measured in minutes, on the test clock: tokio time (and with it
-//! `clock::now_ms`) jumps from tick to tick, so the minutes take about a second: ping and silence
+//! Control timers that need real minutes (run in parallel with the rest): ping and silence
 //! (P-09), an expiring host token (P-34).
 
 #[path = "support/cell/mod.rs"]
 mod support;
 
-use std::time::Duration;
-
-use tokio::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures_util::SinkExt;
 use orca_relay::cell::testkit::{self, recv_close, recv_json};
@@ -23,16 +20,14 @@ async fn ping_pong_and_silence_timeout() {
     let host = Host::assigned(&s, "silence").await;
     let mut c = host.connect(&s).await;
     let t = Instant::now();
-    jump(Duration::from_secs(15)).await;
-    let ping = recv_json(&mut c.ws, SEC * 5).await.unwrap();
+    let ping = recv_json(&mut c.ws, Duration::from_secs(17)).await.unwrap();
     assert_eq!(ping["type"], "ping");
     assert!(t.elapsed() <= Duration::from_secs(16));
     c.send(json!({"type":"pong","t":ping["t"]})).await;
     let last_pong = Instant::now();
     // From now on never pong (WebSocket-level pongs do not count).
     loop {
-        jump(Duration::from_secs(15)).await;
-        match recv_json(&mut c.ws, SEC * 5).await {
+        match recv_json(&mut c.ws, Duration::from_secs(100)).await {
             Ok(v) => assert_eq!(v["type"], "ping"),
             Err(close) => {
                 assert_eq!(close, (4408, "control silence timeout".into()));
@@ -77,8 +72,9 @@ async fn expiring_token_drain_only_then_closed() {
         .unwrap();
     // Wait for the first tick past exp (ticks every 15 s; pong to stay alive).
     while orca_relay::clock::now_ms() <= exp_ms + 15_500 {
-        jump(Duration::from_secs(15)).await;
-        let v = recv_json(&mut c.ws, SEC * 5).await.expect("control open");
+        let v = recv_json(&mut c.ws, Duration::from_secs(40))
+            .await
+            .expect("control open");
         assert_eq!(v["type"], "ping");
         c.send(json!({"type":"pong","t":v["t"]})).await;
     }
@@ -117,10 +113,8 @@ async fn expiring_token_drain_only_then_closed() {
     };
     let mut c2 = h2.connect(&s).await;
     let closed = loop {
-        jump(Duration::from_secs(15)).await;
-        match c2.recv(SEC * 2).await {
-            // A quiet tick (nothing sent between two jumps): jump on.
-            Ok(_) | Err((0, _)) => continue,
+        match c2.recv(Duration::from_secs(100)).await {
+            Ok(_) => continue,
             Err(e) => break e,
         }
     };
