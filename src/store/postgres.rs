@@ -301,7 +301,7 @@ async fn prepare(
     let before = obj.statement_cache.size();
     let stmt = obj.prepare_cached(sql).await.map_err(map_err)?;
     if obj.statement_cache.size() > before {
-        wire.flight(0);
+        wire.prepare();
     }
     Ok(stmt)
 }
