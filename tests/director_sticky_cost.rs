@@ -136,9 +136,16 @@ async fn sticky_verification_refuses_without_writing() {
         let g = assign(db, &h2, None, &regions(), AssignOptions::default())
             .await
             .unwrap();
-        cells::set_state(db, &g.cell_id, Admission::MigrationOnly, Some(true), None, now())
-            .await
-            .unwrap();
+        cells::set_state(
+            db,
+            &g.cell_id,
+            Admission::MigrationOnly,
+            Some(true),
+            None,
+            now(),
+        )
+        .await
+        .unwrap();
         let before = read_row(db, &h2).await.unwrap().unwrap();
         assert_eq!(
             assign_sticky(db, &h2, None, &regions()).await,
@@ -170,12 +177,9 @@ async fn busy_row_falls_back_to_the_waiting_path() {
         // Hold the row for 300 ms: the NOWAIT attempt fails, the §5.2 path waits (≤ 1 s on a live
         // general home) and grants once the holder commits.
         let mut tx = db.begin().await.unwrap();
-        tx.query(
-            "SELECT user_id FROM relay_assignments FOR UPDATE",
-            &[],
-        )
-        .await
-        .unwrap();
+        tx.query("SELECT user_id FROM relay_assignments FOR UPDATE", &[])
+            .await
+            .unwrap();
         let (release, wait) = tokio::sync::oneshot::channel::<()>();
         let holder = tokio::spawn(async move {
             let _ = wait.await;

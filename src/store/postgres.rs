@@ -132,7 +132,11 @@ impl PgTx {
     }
 
     /// Runs one prepared statement, pipelined with `BEGIN` when it is the first.
-    async fn run(&mut self, sql: &str, params: &[Value]) -> Result<Vec<tokio_postgres::Row>, DbError> {
+    async fn run(
+        &mut self,
+        sql: &str,
+        params: &[Value],
+    ) -> Result<Vec<tokio_postgres::Row>, DbError> {
         let conn = self.conn()?;
         let stmt = prepare(conn, sql, &self.wire).await?;
         if self.begun {
@@ -224,7 +228,10 @@ impl Backend for PgTx {
         // connection is clean when both answers are in.
         let (b, r, c) = if self.begun {
             self.wire.flight(2);
-            let (r, c) = tokio::join!(run_prepared(&obj, &stmt, params), obj.batch_execute("COMMIT"));
+            let (r, c) = tokio::join!(
+                run_prepared(&obj, &stmt, params),
+                obj.batch_execute("COMMIT")
+            );
             (Ok(()), r, c)
         } else {
             self.wire.flight(3);
