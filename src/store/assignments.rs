@@ -343,7 +343,7 @@ pub async fn lock_sticky(tx: &mut Tx, host: &HostKey) -> Result<Option<StickyRea
     };
     // `UNION ALL` keeps no order across parts: restore each part's own.
     leases.sort_by(|a, b| a.activity_id.cmp(&b.activity_id));
-    migrations.sort_by(|a, b| b.assignment_epoch.cmp(&a.assignment_epoch));
+    migrations.sort_by_key(|m| std::cmp::Reverse(m.assignment_epoch));
     Ok(Some((
         HostView {
             row,
