@@ -13,7 +13,10 @@ const BOUND_KIB: f64 = 4.5;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_thousand_idle_pairs_stay_under_the_bound() {
     let limit = idle::raise_nofile();
-    assert!(limit >= 10_000, "open-file limit {limit} too low for 2,000 pairs");
+    assert!(
+        limit >= 10_000,
+        "open-file limit {limit} too low for 2,000 pairs"
+    );
     let server = idle::spawn(env!("CARGO_BIN_EXE_orca-relay"), &[]);
     let (m, conns) = idle::measure(&server, 2_000, 8).await;
     eprintln!(

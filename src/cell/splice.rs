@@ -705,8 +705,8 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use futures_util::{SinkExt, StreamExt};
     use crate::leg::preauth_io::PreAuthIo;
+    use futures_util::{SinkExt, StreamExt};
     use std::sync::Arc;
     use tokio::io::DuplexStream;
 
@@ -901,7 +901,11 @@ mod tests {
     async fn stalled_reader(
         wedge: Duration,
         budget: Arc<Budget>,
-    ) -> (W, tokio::task::JoinHandle<(End, Stats)>, tokio::task::JoinHandle<W>) {
+    ) -> (
+        W,
+        tokio::task::JoinHandle<(End, Stats)>,
+        tokio::task::JoinHandle<W>,
+    ) {
         let limits = Limits {
             wedge,
             ..Limits::default()
@@ -982,9 +986,18 @@ mod tests {
     #[tokio::test]
     async fn quiet_splice_parks_and_wakes_on_either_side() {
         let sweep = Arc::new(IdleSweep::default());
-        let mut r = rig_swept(64 * 1024, Limits::default(), Default::default(), sweep.clone()).await;
+        let mut r = rig_swept(
+            64 * 1024,
+            Limits::default(),
+            Default::default(),
+            sweep.clone(),
+        )
+        .await;
         r.phone.send(Message::text("before")).await.unwrap();
-        assert_eq!(r.host.next().await.unwrap().unwrap(), Message::text("before"));
+        assert_eq!(
+            r.host.next().await.unwrap().unwrap(),
+            Message::text("before")
+        );
         park(&sweep).await;
         assert_eq!(sweep.waiting(), 0, "a parked splice is on no list");
         r.phone.send(Message::text("up")).await.unwrap();
@@ -1025,7 +1038,10 @@ mod tests {
             .send(frag(true, OpCode::Data(Data::Continue), b"mented"))
             .await
             .unwrap();
-        assert_eq!(r.host.next().await.unwrap().unwrap(), Message::text("fragmented"));
+        assert_eq!(
+            r.host.next().await.unwrap().unwrap(),
+            Message::text("fragmented")
+        );
         r.host.close(None).await.unwrap();
         let (end, stats) = r.task.await.unwrap();
         assert_eq!(end, End::Dropped(Side::Host));
@@ -1038,9 +1054,19 @@ mod tests {
     #[tokio::test]
     async fn parked_splice_ends_on_kill_and_on_eof() {
         let sweep = Arc::new(IdleSweep::default());
-        let mut r = rig_swept(64 * 1024, Limits::default(), Default::default(), sweep.clone()).await;
+        let mut r = rig_swept(
+            64 * 1024,
+            Limits::default(),
+            Default::default(),
+            sweep.clone(),
+        )
+        .await;
         park(&sweep).await;
-        r.kill.take().unwrap().send((4503, "relay draining")).unwrap();
+        r.kill
+            .take()
+            .unwrap()
+            .send((4503, "relay draining"))
+            .unwrap();
         for ws in [&mut r.phone, &mut r.host] {
             match ws.next().await.unwrap().unwrap() {
                 Message::Close(Some(f)) => assert_eq!(u16::from(f.code), 4503),
@@ -1051,7 +1077,13 @@ mod tests {
         assert_eq!(end, End::Killed(4503, "relay draining"));
         assert_eq!(stats.parks, 1);
 
-        let r = rig_swept(64 * 1024, Limits::default(), Default::default(), sweep.clone()).await;
+        let r = rig_swept(
+            64 * 1024,
+            Limits::default(),
+            Default::default(),
+            sweep.clone(),
+        )
+        .await;
         park(&sweep).await;
         let Rig {
             phone,
@@ -1071,9 +1103,18 @@ mod tests {
     #[tokio::test]
     async fn busy_splice_never_parks() {
         let sweep = Arc::new(IdleSweep::default());
-        let mut r = rig_swept(64 * 1024, Limits::default(), Default::default(), sweep.clone()).await;
+        let mut r = rig_swept(
+            64 * 1024,
+            Limits::default(),
+            Default::default(),
+            sweep.clone(),
+        )
+        .await;
         for i in 0..20u32 {
-            r.phone.send(Message::binary(i.to_be_bytes().to_vec())).await.unwrap();
+            r.phone
+                .send(Message::binary(i.to_be_bytes().to_vec()))
+                .await
+                .unwrap();
             r.host.next().await.unwrap().unwrap();
             for _ in 0..20 {
                 tokio::task::yield_now().await;

@@ -151,7 +151,13 @@ mod tests {
     fn whole_frames_of_every_length_encoding() {
         let mut s = Vec::new();
         let mut ends = vec![0];
-        for (len, long) in [(0, false), (5, false), (125, false), (126, false), (300, true)] {
+        for (len, long) in [
+            (0, false),
+            (5, false),
+            (125, false),
+            (126, false),
+            (300, true),
+        ] {
             s.extend(frame(true, 2, len, long));
             ends.push(s.len());
         }

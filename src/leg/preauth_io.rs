@@ -116,7 +116,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for PreAuthIo<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let Some(b) = this.budget.as_ref().filter(|b| !b.lifted.load(Ordering::SeqCst)) else {
+        let Some(b) = this
+            .budget
+            .as_ref()
+            .filter(|b| !b.lifted.load(Ordering::SeqCst))
+        else {
             return tracked(&mut this.inner, &mut this.boundary, cx, buf);
         };
         let left = b.left.load(Ordering::SeqCst);

@@ -46,6 +46,7 @@ impl Drop for Server {
 /// own pre-auth source) with `envs` added.
 pub fn spawn(bin: &str, envs: &[(String, String)]) -> Server {
     let dir = tempfile::tempdir().expect("temp dir");
+    let bin = std::fs::canonicalize(bin).unwrap_or_else(|_| bin.into());
     let mut cmd = Command::new(bin);
     cmd.arg("serve")
         .current_dir(dir.path())
@@ -55,6 +56,8 @@ pub fn spawn(bin: &str, envs: &[(String, String)]) -> Server {
         .env("ORCA_RELAY_LISTEN", "127.0.0.1:0")
         .env("ORCA_RELAY_ASSIGNMENT_SIGNING_KEY", SIGNING)
         .env("ORCA_RELAY_TRUSTED_PROXY_HOPS", "1")
+        .env("ORCA_RELAY_CELL_MAX_CONNECTIONS", "100000")
+        .env("ORCA_RELAY_CELL_CAPACITY", "1000000")
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     for (k, v) in envs {
@@ -128,9 +131,10 @@ pub async fn idle_pairs(url: &str, hosts: usize, per_host: usize, concurrency: u
                     "x-forwarded-for",
                     format!("10.{}.{}.{}", (n >> 16) & 255, (n >> 8) & 255, n & 255),
                 )];
-                let pair = testkit::pair_phone(&cell_url, &mut c, &id.relay_host_id, &invite, &source)
-                    .await
-                    .expect("pair");
+                let pair =
+                    testkit::pair_phone(&cell_url, &mut c, &id.relay_host_id, &invite, &source)
+                        .await
+                        .expect("pair");
                 pairs.push(pair);
             }
             (pairs, c)
@@ -148,10 +152,11 @@ pub async fn idle_pairs(url: &str, hosts: usize, per_host: usize, concurrency: u
     idle
 }
 
-/// The server's RSS once it stops falling (idle splices park within two sweep rounds): sampled
-/// every 500 ms until two samples in a row do not drop, at most `limit`.
+/// The server's RSS once idle: idle splices park within two sweep rounds (2 s), so no sample is
+/// taken before 3 s; then every 500 ms until two samples in a row do not drop, at most `limit`.
 pub async fn settled_rss(pid: u32, limit: Duration) -> u64 {
     let until = Instant::now() + limit;
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let mut last = rss_kib(pid);
     let mut steady = 0;
     while Instant::now() < until && steady < 2 {
