@@ -1,14 +1,14 @@
 //! Memory regression: 2,000 idle pairs (250 hosts × 8 phones, with their controls) on the real
 //! binary must cost under a generous bound of server RSS per WebSocket, so a later change cannot
 //! silently undo idle parking (`cell::splice`). Release measurements are in the README; this debug
-//! build bound is loose on purpose (the release figure is ~2× below it).
+//! build bound is loose on purpose (release at 9,000 pairs: 3.4 KiB).
 
 #[path = "support/idle.rs"]
 mod idle;
 
-/// KiB of server RSS per idle WebSocket, debug build. Before idle parking the debug binary
-/// measured well above this bound.
-const BOUND_KIB: f64 = 4.5;
+/// KiB of server RSS per idle WebSocket, debug build (measured 4.75 with idle parking; a return of
+/// tungstenite's per-socket buffers to every idle socket adds ~2.3 KiB and fails it).
+const BOUND_KIB: f64 = 6.0;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_thousand_idle_pairs_stay_under_the_bound() {
