@@ -3,24 +3,22 @@
 //! set, Postgres; plus host/phone helpers from `orca_relay::cell::testkit`.
 #![allow(dead_code)]
 
+#[path = "../common/mod.rs"]
+pub mod common;
+
 use std::time::Duration;
 
-use clap::Parser;
 use orca_relay::cell::testkit::{self, Hello, HostControl, HostIdentity};
-use orca_relay::config::{Config, ServeArgs};
-use orca_relay::server::{self, Running};
+use orca_relay::server::Running;
 use orca_relay::store::testing::{backends, temp_dir, TestDb};
+
+pub use common::time::{real_deadline, ManualTime};
+pub use common::wait::{eventually, eventually_async, wait_until};
 
 pub const SIGNING: &str = "0123456789abcdef0123456789abcdef";
 pub const SELF_HOSTED: &str = "self-hosted-key-self-hosted-key-0001";
 pub const ADMIN: &str = "admin-token-admin-token-admin-token-0001";
 pub const CLUSTER: &str = "cluster-key-cluster-key-cluster-key-0001";
-
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    serve: ServeArgs,
-}
 
 pub struct Server {
     pub running: Running,
@@ -53,9 +51,7 @@ pub async fn start_on(db_url: &str, extra: &[&str]) -> Server {
         CLUSTER,
     ];
     args.extend_from_slice(extra);
-    let cli = Cli::try_parse_from(args).expect("flags parse");
-    let cfg = Config::from_args(&cli.serve).expect("config");
-    let running = server::start(cfg).await.expect("server starts");
+    let running = common::serve::start(&args).await;
     Server {
         url: format!("http://{}", running.addr),
         public_url: running.ctx.config.public_url.clone(),
@@ -112,18 +108,6 @@ impl Host {
 
 pub const SEC: Duration = Duration::from_secs(1);
 
-/// Polls `f` every 10 ms until it is true or `within` passes.
-pub async fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + within;
-    while tokio::time::Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    f()
-}
-
 /// Moves tokio's clock forward by `d` at once; with the test clock (`clock::now_ms` follows tokio
 /// time in this crate's tests) the in-process server's rules see `d` pass too, and its timers due
 /// in between fire. Real time then runs on from the new instant.
@@ -156,4 +140,29 @@ pub async fn raw_upgrade(addr: std::net::SocketAddr, path: &str, extra_headers: 
         }
     }
     String::from_utf8_lossy(&got).into_owned()
+}
+
+/// A sync point on a control socket: sends a frame of an unknown type and waits for its
+/// `unknown_control_message` error. The cell reads a control socket in order and handles `pong`
+/// and `auth-refresh` before it reads the next frame, so when this returns every frame sent
+/// before it has taken effect. Pings met on the way are skipped, not answered.
+pub async fn barrier(c: &mut HostControl) {
+    c.send(serde_json::json!({"type":"test-barrier"})).await;
+    loop {
+        let v = real_deadline(
+            SEC * 20,
+            "barrier reply",
+            testkit::recv_json(&mut c.ws, Duration::from_secs(3_600)),
+        )
+        .await
+        .expect("control open");
+        if v["type"] == "ping" {
+            continue;
+        }
+        assert_eq!(
+            v,
+            serde_json::json!({"type":"control-error","code":"unknown_control_message"})
+        );
+        return;
+    }
 }
