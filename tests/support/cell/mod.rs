@@ -12,7 +12,9 @@ use orca_relay::cell::testkit::{self, Hello, HostControl, HostIdentity};
 use orca_relay::server::Running;
 use orca_relay::store::testing::{backends, temp_dir, TestDb};
 
-pub use common::time::{real_deadline, ManualTime};
+#[allow(unused_imports)]
+pub use common::time::{real_deadline, real_eventually, ManualTime};
+#[allow(unused_imports)]
 pub use common::wait::{eventually, eventually_async, wait_until};
 
 pub const SIGNING: &str = "0123456789abcdef0123456789abcdef";
@@ -60,6 +62,19 @@ pub async fn start_on(db_url: &str, extra: &[&str]) -> Server {
     }
 }
 
+impl Server {
+    /// The state of the cell's session for `key`, if it has one.
+    pub fn session_state(
+        &self,
+        key: &orca_relay::store::assignments::HostKey,
+    ) -> Option<orca_relay::cell::session::State> {
+        let cell = self.running.cell.as_ref().expect("cell role");
+        let session = cell.registry().get(key)?;
+        let state = session.lock().state;
+        Some(state)
+    }
+}
+
 /// Every backend to run a behaviour test on.
 pub async fn dbs() -> Vec<TestDb> {
     backends().await
@@ -82,6 +97,14 @@ impl Host {
         assert_eq!(cell_url, s.cell_url);
         assert!(epoch >= 1);
         Host { id, token, epoch }
+    }
+
+    /// The key the cell files this host's session under.
+    pub fn key(&self) -> orca_relay::store::assignments::HostKey {
+        orca_relay::store::assignments::HostKey {
+            user_id: self.id.user_id.clone(),
+            relay_host_id: self.id.relay_host_id.clone(),
+        }
     }
 
     pub fn hello(&self) -> Hello {

@@ -37,18 +37,23 @@ impl ManualTime {
             tokio::time::Instant::now(),
             "ManualTime needs #[tokio::test(start_paused = true)]"
         );
-        let (hold, parked) = std::sync::mpsc::channel::<()>();
-        // Tokio inhibits auto-advance while a blocking task of this runtime is in flight.
-        drop(tokio::task::spawn_blocking(move || {
-            let _ = parked.recv();
-        }));
-        ManualTime { hold: Some(hold) }
+        ManualTime { hold: Some(hold()) }
     }
 
     /// Moves the clock forward by `d`: `clock::now_ms` reads `d` later and every timer due by
     /// then fires (the server's work they start runs in real time at the new instant).
     pub async fn advance(&self, d: Duration) {
         tokio::time::advance(d).await;
+    }
+
+    /// Runs `fut` with tokio's ordinary paused-clock behaviour (auto-advance to the next timer
+    /// whenever nothing can run), then holds the clock again. For phases whose timing no test
+    /// asserts and that wait on many timers, such as a server's shutdown between two backends.
+    pub async fn auto<F: Future>(&mut self, fut: F) -> F::Output {
+        self.hold.take();
+        let out = fut.await;
+        self.hold = Some(hold());
+        out
     }
 
     /// Real time runs again from the current instant (before shutting a server down: its
@@ -73,6 +78,16 @@ impl Drop for ManualTime {
     }
 }
 
+/// Parks a blocking task until the returned sender is dropped: tokio does not auto-advance a
+/// paused current-thread runtime while one of its blocking tasks is in flight.
+fn hold() -> std::sync::mpsc::Sender<()> {
+    let (hold, parked) = std::sync::mpsc::channel::<()>();
+    drop(tokio::task::spawn_blocking(move || {
+        let _ = parked.recv();
+    }));
+    hold
+}
+
 /// `fut`, or a panic naming `what` if it has not finished after `within` of real (wall) time.
 /// The deadline is a thread, not a tokio timer, so it holds under [`ManualTime`].
 pub async fn real_deadline<F: Future>(within: Duration, what: &str, fut: F) -> F::Output {
@@ -89,4 +104,22 @@ pub async fn real_deadline<F: Future>(within: Duration, what: &str, fut: F) -> F
     };
     drop(cancel);
     out
+}
+
+/// Polls `f` until it is true or `within` of real time passes (the pause between polls is real
+/// time too, spent on a blocking thread), for conditions under [`ManualTime`], where
+/// [`super::wait::eventually`]'s tokio sleep would never end.
+pub async fn real_eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if f() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::task::spawn_blocking(|| std::thread::sleep(super::wait::POLL))
+            .await
+            .expect("poll pause");
+    }
 }
