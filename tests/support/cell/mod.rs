@@ -63,15 +63,25 @@ pub async fn start_on(db_url: &str, extra: &[&str]) -> Server {
 }
 
 impl Server {
+    /// `f` of the cell's session for `key`, if it has one (the test's view of server state for
+    /// "wait until the cell saw it" conditions).
+    pub fn session<T>(
+        &self,
+        key: &orca_relay::store::assignments::HostKey,
+        f: impl FnOnce(&orca_relay::cell::session::Inner) -> T,
+    ) -> Option<T> {
+        let cell = self.running.cell.as_ref().expect("cell role");
+        let session = cell.registry().get(key)?;
+        let st = session.lock();
+        Some(f(&st))
+    }
+
     /// The state of the cell's session for `key`, if it has one.
     pub fn session_state(
         &self,
         key: &orca_relay::store::assignments::HostKey,
     ) -> Option<orca_relay::cell::session::State> {
-        let cell = self.running.cell.as_ref().expect("cell role");
-        let session = cell.registry().get(key)?;
-        let state = session.lock().state;
-        Some(state)
+        self.session(key, |st| st.state)
     }
 }
 
