@@ -313,8 +313,13 @@ async fn check_director(b: &mut Browser, base: &str, token: &str, name: &str, wr
         "{cards}"
     );
     assert!(cards.contains("Regional rehome"), "{cards}");
-    // Let the charts draw a second point before the picture.
-    tokio::time::sleep(Duration::from_millis(5500)).await;
+    // The charts have drawn a second point (the next 5 s poll) before the picture.
+    b.wait_for(
+        "a second chart point",
+        "[...document.querySelectorAll('svg path')].some(p => (p.getAttribute('d') || '').includes('L'))",
+        Duration::from_secs(15),
+    )
+    .await;
     let errs = b.errors(&allow);
     assert!(errs.is_empty(), "console errors: {errs:?}");
     screenshot(b, name).await;
