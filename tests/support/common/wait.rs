@@ -10,6 +10,9 @@ use std::time::Duration;
 /// How often a condition is polled.
 pub const POLL: Duration = Duration::from_millis(10);
 
+/// How often [`wait_until`] polls: its conditions usually cost a request to another process.
+pub const POLL_REQUEST: Duration = Duration::from_millis(50);
+
 /// Polls `f` every [`POLL`] until it is true or `within` passes; returns its last answer.
 pub async fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
     eventually_async(within, || std::future::ready(f())).await
@@ -33,16 +36,21 @@ where
     }
 }
 
-/// [`eventually_async`] that fails the test, naming `what`, when the deadline passes.
-pub async fn wait_until<F, Fut>(what: &str, within: Duration, f: F)
+/// Polls the asynchronous `f` every [`POLL_REQUEST`] and fails the test, naming `what`, when
+/// `within` passes first.
+pub async fn wait_until<F, Fut>(what: &str, within: Duration, mut f: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    assert!(
-        eventually_async(within, f).await,
-        "timed out after {within:?} waiting for {what}"
-    );
+    let deadline = tokio::time::Instant::now() + within;
+    while !f().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {within:?} waiting for {what}"
+        );
+        tokio::time::sleep(POLL_REQUEST).await;
+    }
 }
 
 /// The blocking form for code outside a runtime (process logs read by a thread): polls `f` in
