@@ -38,15 +38,6 @@ pub fn init() {
         .try_init();
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn event_has_event_key_first() {
-        let line = super::event_line("x", serde_json::json!({"a":1}));
-        assert!(line.starts_with("{\"event\":\"x\""), "{line}");
-    }
-}
-
 /// The store's observer (installed by the composition root): the store's own reports become the
 /// retry event lines.
 pub fn store_event(e: crate::store::StoreEvent<'_>) {
@@ -68,5 +59,14 @@ pub fn store_event(e: crate::store::StoreEvent<'_>) {
             "orca_relay_postgres_transaction_retry_exhausted",
             serde_json::json!({"code": code, "attempts": attempts, "phase": phase}),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn event_has_event_key_first() {
+        let line = super::event_line("x", serde_json::json!({"a":1}));
+        assert!(line.starts_with("{\"event\":\"x\""), "{line}");
     }
 }

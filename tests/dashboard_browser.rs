@@ -10,6 +10,9 @@
 //! Needs `chromium` (Debian package): without it the test prints a note and passes, except under
 //! `CI=true` where it fails (.ci/run installs it).
 
+// Both the cell and the cluster harness are included, each with the common toolkit.
+#![allow(clippy::duplicate_mod)]
+
 #[path = "support/cell/mod.rs"]
 mod cell_support;
 #[path = "support/cluster/mod.rs"]

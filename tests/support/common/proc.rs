@@ -45,8 +45,9 @@ impl<'a> Spec<'a> {
     /// The command, stderr piped and stdout discarded.
     pub fn command(&self) -> Command {
         // `option_env!`: examples share the harnesses, and cargo names the binary only to tests.
-        let bin =
-            option_env!("CARGO_BIN_EXE_orca-relay").expect("the orca-relay binary (tests only)");
+        let Some(bin) = option_env!("CARGO_BIN_EXE_orca-relay") else {
+            panic!("the orca-relay binary is known to integration tests only");
+        };
         let mut cmd = Command::new(bin);
         cmd.arg("serve")
             .args(self.args)
