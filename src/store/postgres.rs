@@ -3,8 +3,14 @@
 //! Each connection starts with the session defaults of director.md §2 (`statement_timeout` 5 s,
 //! `lock_timeout` 1 s, `idle_in_transaction_session_timeout` 5 s). A transaction owns its pooled
 //! connection; dropping it unfinished sends `ROLLBACK` before the connection returns to the pool.
+//!
+//! Round trips are what a hot path pays for on a networked database, so a transaction's `BEGIN`
+//! is not sent on its own: it goes out pipelined with the first statement (one flight), and
+//! [`Backend::finish_with`] pipelines a last statement with `COMMIT`. A transaction that never ran
+//! a statement costs nothing. Every statement is prepared once per connection and cached.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
@@ -13,12 +19,16 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::NoTls;
 
 use super::backend::{scope_key, Backend};
+use super::wire::WireStats;
 use super::{DbError, Row, Value, WaitTracker};
 
 pub struct PgDb {
     pool: Pool,
     pub(super) waits: WaitTracker,
+    pub(super) wire: Arc<WireStats>,
 }
+
+const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
 const SESSION_OPTIONS: &str =
     "-c statement_timeout=5000 -c lock_timeout=1000 -c idle_in_transaction_session_timeout=5000";
@@ -64,6 +74,7 @@ impl PgDb {
         Ok(PgDb {
             pool,
             waits: WaitTracker::default(),
+            wire: Arc::default(),
         })
     }
 
@@ -75,17 +86,22 @@ impl PgDb {
             .map_err(|e| DbError::Transient(format!("pool: {e}")))
     }
 
+    /// Takes a connection; `BEGIN` is sent with the transaction's first statement.
     pub async fn begin(&self) -> Result<PgTx, DbError> {
         let obj = self.get().await?;
-        obj.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-            .await
-            .map_err(map_err)?;
-        Ok(PgTx { obj: Some(obj) })
+        Ok(PgTx {
+            obj: Some(obj),
+            begun: false,
+            finished: false,
+            wire: self.wire.clone(),
+        })
     }
 
     pub async fn read(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
         let obj = self.get().await?;
-        run_query(&obj, sql, params).await
+        let stmt = prepare(&obj, sql, &self.wire).await?;
+        self.wire.flight(1);
+        rows_of(run_prepared(&obj, &stmt, params).await?)
     }
 
     pub fn pool_status(&self) -> (u64, u64) {
@@ -101,35 +117,80 @@ impl PgDb {
 /// An open transaction owning its connection.
 pub struct PgTx {
     obj: Option<Object>,
+    /// `BEGIN` has been sent (with the first statement).
+    begun: bool,
+    /// [`Backend::finish_with`] committed it.
+    finished: bool,
+    wire: Arc<WireStats>,
 }
 
 impl PgTx {
-    fn conn(&self) -> &Object {
-        self.obj.as_ref().expect("transaction already finished")
+    fn conn(&self) -> Result<&Object, DbError> {
+        self.obj
+            .as_ref()
+            .ok_or_else(|| DbError::Fatal("transaction already finished".into()))
+    }
+
+    /// Runs one prepared statement, pipelined with `BEGIN` when it is the first.
+    async fn run(
+        &mut self,
+        sql: &str,
+        params: &[Value],
+    ) -> Result<Vec<tokio_postgres::Row>, DbError> {
+        let conn = self.conn()?;
+        let stmt = prepare(conn, sql, &self.wire).await?;
+        if self.begun {
+            self.wire.flight(1);
+            return run_prepared(conn, &stmt, params).await;
+        }
+        self.wire.flight(2);
+        let (b, r) = tokio::join!(conn.batch_execute(BEGIN), run_prepared(conn, &stmt, params));
+        self.begun = true;
+        b.map_err(map_err)?;
+        r
+    }
+
+    /// Sends `sql` (a simple statement without parameters), pipelined with `BEGIN` when first.
+    async fn simple(&mut self, sql: &str) -> Result<(), DbError> {
+        let conn = self.conn()?;
+        if self.begun {
+            self.wire.flight(1);
+            return conn.batch_execute(sql).await.map_err(map_err);
+        }
+        self.wire.flight(2);
+        let (b, r) = tokio::join!(conn.batch_execute(BEGIN), conn.batch_execute(sql));
+        self.begun = true;
+        b.map_err(map_err)?;
+        r.map_err(map_err)
     }
 }
 
 impl Backend for PgTx {
     async fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
-        run_query(self.conn(), sql, params).await
+        rows_of(self.run(sql, params).await?)
     }
 
     async fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
-        let conn = self.conn();
-        let stmt = conn.prepare_cached(sql).await.map_err(map_err)?;
+        let conn = self.conn()?;
+        let stmt = prepare(conn, sql, &self.wire).await?;
         let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
-        conn.execute(&stmt, &refs).await.map_err(map_err)
+        if self.begun {
+            self.wire.flight(1);
+            return conn.execute(&stmt, &refs).await.map_err(map_err);
+        }
+        self.wire.flight(2);
+        let (b, r) = tokio::join!(conn.batch_execute(BEGIN), conn.execute(&stmt, &refs));
+        self.begun = true;
+        b.map_err(map_err)?;
+        r.map_err(map_err)
     }
 
     async fn execute_batch(&mut self, sql: &str) -> Result<(), DbError> {
-        self.conn().batch_execute(sql).await.map_err(map_err)
+        self.simple(sql).await
     }
 
     async fn set_lock_timeout(&mut self, ms: u64) -> Result<(), DbError> {
-        self.conn()
-            .batch_execute(&format!("SET LOCAL lock_timeout = {ms}"))
-            .await
-            .map_err(map_err)
+        self.simple(&format!("SET LOCAL lock_timeout = {ms}")).await
     }
 
     async fn scope_lock(&mut self, scope: &str) -> Result<(), DbError> {
@@ -151,8 +212,58 @@ impl Backend for PgTx {
         Ok(rows.first().map(|r| r.bool(0)).unwrap_or(false))
     }
 
+    async fn finish_with(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+        let obj = self
+            .obj
+            .take()
+            .ok_or_else(|| DbError::Fatal("transaction already finished".into()))?;
+        let stmt = match prepare(&obj, sql, &self.wire).await {
+            Ok(s) => s,
+            Err(e) => {
+                self.obj = Some(obj);
+                return Err(e);
+            }
+        };
+        // After a failed statement the server turns COMMIT into ROLLBACK: either way the
+        // connection is clean when both answers are in.
+        let (b, r, c) = if self.begun {
+            self.wire.flight(2);
+            let (r, c) = tokio::join!(
+                run_prepared(&obj, &stmt, params),
+                obj.batch_execute("COMMIT")
+            );
+            (Ok(()), r, c)
+        } else {
+            self.wire.flight(3);
+            tokio::join!(
+                obj.batch_execute(BEGIN),
+                run_prepared(&obj, &stmt, params),
+                obj.batch_execute("COMMIT")
+            )
+        };
+        self.begun = true;
+        self.finished = true;
+        b.map_err(map_err)?;
+        let rows = r?;
+        if let Err(e) = c {
+            let _ = obj.batch_execute("ROLLBACK").await;
+            return Err(map_err(e));
+        }
+        rows_of(rows)
+    }
+
     async fn commit(mut self) -> Result<(), DbError> {
-        let obj = self.obj.take().expect("transaction already finished");
+        let Some(obj) = self.obj.take() else {
+            return if self.finished {
+                Ok(())
+            } else {
+                Err(DbError::Fatal("transaction already finished".into()))
+            };
+        };
+        if !self.begun {
+            return Ok(());
+        }
+        self.wire.flight(1);
         match obj.batch_execute("COMMIT").await {
             Ok(()) => Ok(()),
             Err(e) => {
@@ -164,7 +275,10 @@ impl Backend for PgTx {
 
     async fn rollback(mut self) {
         if let Some(obj) = self.obj.take() {
-            let _ = obj.batch_execute("ROLLBACK").await;
+            if self.begun {
+                self.wire.flight(1);
+                let _ = obj.batch_execute("ROLLBACK").await;
+            }
         }
     }
 }
@@ -172,6 +286,9 @@ impl Backend for PgTx {
 impl Drop for PgTx {
     fn drop(&mut self) {
         if let Some(obj) = self.obj.take() {
+            if !self.begun {
+                return;
+            }
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
                 handle.spawn(async move {
                     let _ = obj.batch_execute("ROLLBACK").await;
@@ -181,10 +298,31 @@ impl Drop for PgTx {
     }
 }
 
-async fn run_query(obj: &Object, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+/// The cached prepared statement for `sql`; preparing it (first use on this connection) is a
+/// round trip of its own.
+async fn prepare(
+    obj: &Object,
+    sql: &str,
+    wire: &WireStats,
+) -> Result<tokio_postgres::Statement, DbError> {
+    let before = obj.statement_cache.size();
     let stmt = obj.prepare_cached(sql).await.map_err(map_err)?;
+    if obj.statement_cache.size() > before {
+        wire.prepare();
+    }
+    Ok(stmt)
+}
+
+async fn run_prepared(
+    obj: &Object,
+    stmt: &tokio_postgres::Statement,
+    params: &[Value],
+) -> Result<Vec<tokio_postgres::Row>, DbError> {
     let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
-    let rows = obj.query(&stmt, &refs).await.map_err(map_err)?;
+    obj.query(stmt, &refs).await.map_err(map_err)
+}
+
+fn rows_of(rows: Vec<tokio_postgres::Row>) -> Result<Vec<Row>, DbError> {
     let mut out = Vec::with_capacity(rows.len());
     for r in rows {
         let mut vals = Vec::with_capacity(r.len());
