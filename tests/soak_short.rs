@@ -1,5 +1,5 @@
 //! The short churn soak run in CI (issue 11): about a minute of the churn in `support/soak.rs`
-//! (40 churners pairing and leaving beside 40 idle hosts, 25 s of load after a 5 s warm-up) on a
+//! (40 churners pairing and leaving beside 40 idle hosts, 20 s of load after an 8 s warm-up and its settle) on a
 //! real `orca-relay` process over SQLite, then the process's RSS, open fds and live runtime tasks
 //! must come back within ±10 % of the baseline. Prints the series. The 10-minute version is
 //! `examples/soak.rs` (README, Benchmarks).
@@ -18,8 +18,8 @@ async fn churn_returns_to_baseline() {
         soak::Plan {
             churners: 40,
             idle_hosts: 40,
-            warmup: Duration::from_secs(5),
-            load: Duration::from_secs(25),
+            warmup: Duration::from_secs(8),
+            load: Duration::from_secs(20),
             sample_every: Duration::from_secs(5),
             settle: Duration::from_secs(40),
             frames_per_pair: 4,
