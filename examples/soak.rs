@@ -41,7 +41,11 @@ async fn main() {
         .expect("target dir");
     let dir = tempfile::tempdir().expect("temp dir");
     let server = soak::spawn_server(&bin, dir.path());
-    eprintln!("soak: server {} (pid {}), {minutes} min, {churners} churners, {idle_hosts} idle hosts", server.url, server.child.id());
+    eprintln!(
+        "soak: server {} (pid {}), {minutes} min, {churners} churners, {idle_hosts} idle hosts",
+        server.url,
+        server.child.id()
+    );
     let report = soak::run(
         &server.url,
         soak::Plan {

@@ -211,8 +211,8 @@ impl Metrics {
             let _rt = rt.enter();
             m.render()
         })
-            .await
-            .unwrap_or_default()
+        .await
+        .unwrap_or_default()
     }
 
     /// The Prometheus text exposition.

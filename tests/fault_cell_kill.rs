@@ -131,7 +131,10 @@ async fn kill9_of_a_cell_regrants_its_hosts_elsewhere() {
                 break epoch;
             }
         }
-        assert!(killed.elapsed() < Duration::from_secs(150), "spliced host never re-granted");
+        assert!(
+            killed.elapsed() < Duration::from_secs(150),
+            "spliced host never re-granted"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert!(again > *old_epoch, "epoch {old_epoch} -> {again}");
@@ -143,13 +146,16 @@ async fn kill9_of_a_cell_regrants_its_hosts_elsewhere() {
     }
     assert!(violations.is_empty(), "hosts on two cells: {violations:?}");
     let moves = check_epochs(&logs);
-    assert!(moves >= on_victim.len(), "{moves} moves for {} hosts", on_victim.len());
+    assert!(
+        moves >= on_victim.len(),
+        "{moves} moves for {} hosts",
+        on_victim.len()
+    );
     // The database agrees: every host's assignment epoch is at least the last one it saw.
     for (id, l) in ids.iter().zip(&logs) {
         let last = l.lock().unwrap().grants.last().unwrap().1;
-        let rows = t
-            .db
-            .query(
+        let rows =
+            t.db.query(
                 "SELECT assignment_epoch FROM relay_assignments WHERE relay_host_id = $1",
                 orca_relay::params![id.relay_host_id.clone()],
             )

@@ -131,7 +131,8 @@ async fn a_20s_db_cut_keeps_splices_and_recovers_without_restart() {
     let cut_at = Arc::new(Mutex::new(None::<Instant>));
     let ready_log = Arc::new(Mutex::new(Vec::<(i128, u16, String)>::new()));
     let ready_task = {
-        let (stop, url, cut_at, log) = (stop.clone(), url.clone(), cut_at.clone(), ready_log.clone());
+        let (stop, url, cut_at, log) =
+            (stop.clone(), url.clone(), cut_at.clone(), ready_log.clone());
         tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
                 let (st, body) = ready(&url).await;
@@ -183,8 +184,16 @@ async fn a_20s_db_cut_keeps_splices_and_recovers_without_restart() {
     let cut_len = cut.elapsed();
     proxy.resume();
     let resumed = Instant::now();
-    assert!(saw(200, true), "/ready never said degraded: {:?}", ready_log.lock().unwrap());
-    assert!(saw(503, false), "/ready never said 503: {:?}", ready_log.lock().unwrap());
+    assert!(
+        saw(200, true),
+        "/ready never said degraded: {:?}",
+        ready_log.lock().unwrap()
+    );
+    assert!(
+        saw(503, false),
+        "/ready never said 503: {:?}",
+        ready_log.lock().unwrap()
+    );
 
     // Recovery with no restart.
     wait_until("/ready ok again", Duration::from_secs(30), || {
@@ -200,7 +209,10 @@ async fn a_20s_db_cut_keeps_splices_and_recovers_without_restart() {
         match spliced(&url, &url, "cut-after").await {
             Ok(p) => break p,
             Err(e) => {
-                assert!(resumed.elapsed() < Duration::from_secs(30), "no pairing after the cut: {e}");
+                assert!(
+                    resumed.elapsed() < Duration::from_secs(30),
+                    "no pairing after the cut: {e}"
+                );
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
@@ -221,12 +233,17 @@ async fn a_20s_db_cut_keeps_splices_and_recovers_without_restart() {
     }
     let (echo_ok, echo_failed, longest_gap) = *echo_stats.lock().unwrap();
     assert_eq!(echo_failed, 0, "splice echoes failed during the cut");
-    assert!(longest_gap < Duration::from_secs(3), "splice stalled {longest_gap:?}");
+    assert!(
+        longest_gap < Duration::from_secs(3),
+        "splice stalled {longest_gap:?}"
+    );
 
     // Rows agree with what was served.
-    let rows = t
-        .db
-        .query("SELECT relay_host_id FROM relay_assignments", orca_relay::params![])
+    let rows =
+        t.db.query(
+            "SELECT relay_host_id FROM relay_assignments",
+            orca_relay::params![],
+        )
         .await
         .unwrap();
     let mut stored: Vec<String> = rows.iter().map(|r| r.str(0)).collect();

@@ -111,7 +111,9 @@ async fn kill9_of_a_director_mid_burst_loses_nothing() {
         );
         d1_failures += seen.failures.iter().filter(|f| f.0 == 0).count();
         assert!(
-            seen.failures.iter().all(|f| f.0 == 0 || f.1.contains("503")),
+            seen.failures
+                .iter()
+                .all(|f| f.0 == 0 || f.1.contains("503")),
             "the surviving director failed a request: {:?}",
             seen.failures
         );
@@ -146,7 +148,10 @@ async fn kill9_of_a_director_mid_burst_loses_nothing() {
         .await
         .expect("control on the granted cell");
     let bad = half_written(&t.db).await;
-    assert!(bad.is_empty(), "half-written rows after the control: {bad:?}");
+    assert!(
+        bad.is_empty(),
+        "half-written rows after the control: {bad:?}"
+    );
     println!(
         "fault_director_kill: {HOSTS} hosts x 2 assigns, d1 killed at {} ms, burst done in {} ms; \
          {d1_failures} requests failed on the killed director, {d2_after_kill} grants by the survivor; \

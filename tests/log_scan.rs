@@ -77,19 +77,26 @@ async fn no_secret_token_or_host_id_in_the_logs_of_a_full_run() {
     let mut pair = testkit::pair_phone(&cell, &mut control, &host.relay_host_id, &invite, &xff)
         .await
         .unwrap();
-    echo(&mut pair, "scan", Duration::from_secs(5)).await.unwrap();
+    echo(&mut pair, "scan", Duration::from_secs(5))
+        .await
+        .unwrap();
 
     // A resume credential installed on the basis of that pair, then used by a new phone.
     let resume = random_b64u32();
     note("resume token", &resume);
     note("resume token hash", &token_hash(&resume));
     control
-        .send(json!({"type":"device-credential-install","v":1,"reqId":"i1","relayDeviceId":"d1",
+        .send(
+            json!({"type":"device-credential-install","v":1,"reqId":"i1","relayDeviceId":"d1",
             "newResumeTokenHash": token_hash(&resume),
-            "authorization":{"mode":"relay-basis","basisConnId": pair.conn_id}}))
+            "authorization":{"mode":"relay-basis","basisConnId": pair.conn_id}}),
+        )
         .await;
     let installed = control.recv(Duration::from_secs(5)).await.unwrap();
-    assert_eq!(installed["type"], "device-credential-installed", "{installed}");
+    assert_eq!(
+        installed["type"], "device-credential-installed",
+        "{installed}"
+    );
     let mut phone = testkit::connect_phone(&cell, &host.relay_host_id, &resume, &xff)
         .await
         .unwrap();
@@ -104,7 +111,9 @@ async fn no_secret_token_or_host_id_in_the_logs_of_a_full_run() {
         .unwrap();
     assert_eq!(hello2["credentialKind"], "resume", "{hello2}");
     control
-        .send(json!({"type":"device-resume-confirm","v":1,"reqId":"c1","basisConnId":open["connId"]}))
+        .send(
+            json!({"type":"device-resume-confirm","v":1,"reqId":"c1","basisConnId":open["connId"]}),
+        )
         .await;
     let confirmed = control.recv(Duration::from_secs(5)).await.unwrap();
     assert_eq!(confirmed["type"], "device-resume-confirmed", "{confirmed}");
@@ -112,10 +121,12 @@ async fn no_secret_token_or_host_id_in_the_logs_of_a_full_run() {
     // A phone with a wrong credential is refused (and the wrong value never logged).
     let wrong = random_b64u32();
     note("wrong credential", &wrong);
-    let mut bad = testkit::connect_phone(&cell, &host.relay_host_id, &wrong, &[(
-        "x-forwarded-for",
-        "10.1.2.4".to_string(),
-    )])
+    let mut bad = testkit::connect_phone(
+        &cell,
+        &host.relay_host_id,
+        &wrong,
+        &[("x-forwarded-for", "10.1.2.4".to_string())],
+    )
     .await
     .unwrap();
     let _ = testkit::recv_close(&mut bad, Duration::from_secs(5)).await;
@@ -158,18 +169,28 @@ async fn no_secret_token_or_host_id_in_the_logs_of_a_full_run() {
     let n = push::alert("n-1", 1);
     note("notification title", n["title"].as_str().unwrap());
     note("notification body", n["body"].as_str().unwrap());
-    assert_eq!(ps.send(&session, &[&reg], n).await, vec!["queued".to_string()]);
-    apns.wait_for(&device_token, 1, Duration::from_secs(20)).await;
+    assert_eq!(
+        ps.send(&session, &[&reg], n).await,
+        vec!["queued".to_string()]
+    );
+    apns.wait_for(&device_token, 1, Duration::from_secs(20))
+        .await;
     // Wrong push session and wrong host token are refused, unlogged.
     let wrong_session = format!("{session}x");
     note("wrong push session", &wrong_session);
     let (st, _) = ps
-        .post("/v1/send", Some(&wrong_session), json!({"v":1,"registrationIds":[reg],"notification":push::alert("n-2", 2)}))
+        .post(
+            "/v1/send",
+            Some(&wrong_session),
+            json!({"v":1,"registrationIds":[reg],"notification":push::alert("n-2", 2)}),
+        )
         .await;
     assert_eq!(st, 401);
     let forged = format!("{}.{}", token.rsplit_once('.').unwrap().0, "A".repeat(43));
     note("forged host token", &forged);
-    assert!(testkit::assign(&url, &forged, &host.relay_host_id).await.is_err());
+    assert!(testkit::assign(&url, &forged, &host.relay_host_id)
+        .await
+        .is_err());
 
     // Operator routes, with the right and with a wrong admin token.
     cell_status(&url).await;

@@ -28,7 +28,11 @@ async fn churn_returns_to_baseline() {
     )
     .await;
     report.print();
-    assert!(report.pairings >= 100, "the churn ran: {} pairings", report.pairings);
+    assert!(
+        report.pairings >= 100,
+        "the churn ran: {} pairings",
+        report.pairings
+    );
     assert!(
         report.failures * 20 <= report.pairings,
         "{} failures for {} pairings",

@@ -72,7 +72,9 @@ async fn upgrade(addr: SocketAddr, path: &str, xff: &str) -> Result<TcpStream, S
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
          Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nX-Forwarded-For: {xff}\r\n\r\n"
     );
-    s.write_all(req.as_bytes()).await.map_err(|e| e.to_string())?;
+    s.write_all(req.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
     let mut got = Vec::new();
     let mut b = [0u8; 1];
     while !got.ends_with(b"\r\n\r\n") {
@@ -141,7 +143,9 @@ async fn attacks_stay_bounded_and_a_legit_pair_still_works() {
     let (host, mut control, _, cell, _) = {
         let h = HostIdentity::generate("abuse-target");
         let token = h.token(SIGNING, &url);
-        let (cell, epoch) = testkit::assign(&url, &token, &h.relay_host_id).await.unwrap();
+        let (cell, epoch) = testkit::assign(&url, &token, &h.relay_host_id)
+            .await
+            .unwrap();
         let hello = Hello {
             epoch,
             ..Hello::default()
@@ -153,7 +157,10 @@ async fn attacks_stay_bounded_and_a_legit_pair_still_works() {
     };
     let mut stalled = Vec::new();
     for i in 0..STALLED {
-        let invite = control.create_invite(&format!("s{i}"), &format!("ds{i}")).await.unwrap();
+        let invite = control
+            .create_invite(&format!("s{i}"), &format!("ds{i}"))
+            .await
+            .unwrap();
         let xff = vec![("x-forwarded-for", format!("10.9.0.{}", i + 1))];
         stalled.push(
             testkit::pair_phone(&cell, &mut control, &host.relay_host_id, &invite, &xff)
@@ -299,7 +306,10 @@ async fn attacks_stay_bounded_and_a_legit_pair_still_works() {
             for t in tasks {
                 let _ = t.await;
             }
-            (closed.load(Ordering::Relaxed), refused.load(Ordering::Relaxed))
+            (
+                closed.load(Ordering::Relaxed),
+                refused.load(Ordering::Relaxed),
+            )
         })
     };
 
@@ -388,18 +398,41 @@ async fn attacks_stay_bounded_and_a_legit_pair_still_works() {
         rss_bound / 1024,
         legit_took.as_millis()
     );
-    assert_eq!(slow_closed.len(), SLOW_HEADERS, "every slow-header socket closed");
+    assert_eq!(
+        slow_closed.len(),
+        SLOW_HEADERS,
+        "every slow-header socket closed"
+    );
     assert!(slow_closed.iter().all(|t| *t < Duration::from_secs(20)));
-    assert_eq!(late_close.load(Ordering::Relaxed), 0, "silent legs outlived the first-frame deadline");
-    assert!(refused_over_limit.load(Ordering::Relaxed) > 0, "over-limit sources refused");
-    assert_eq!(flood_closed + flood_refused, BAD_FRAMES as u64, "every bad first frame ended");
-    assert_eq!(wedged, STALLED, "never-reading phones' splices were stopped");
-    assert!(peak_rss <= rss_bound, "rss peak {peak_rss} over {rss_bound}");
+    assert_eq!(
+        late_close.load(Ordering::Relaxed),
+        0,
+        "silent legs outlived the first-frame deadline"
+    );
+    assert!(
+        refused_over_limit.load(Ordering::Relaxed) > 0,
+        "over-limit sources refused"
+    );
+    assert_eq!(
+        flood_closed + flood_refused,
+        BAD_FRAMES as u64,
+        "every bad first frame ended"
+    );
+    assert_eq!(
+        wedged, STALLED,
+        "never-reading phones' splices were stopped"
+    );
+    assert!(
+        peak_rss <= rss_bound,
+        "rss peak {peak_rss} over {rss_bound}"
+    );
     assert!(peak_fds <= fd_bound, "fds peak {peak_fds} over {fd_bound}");
     // After the attack the fds return (legit control + 2 legs still open).
-    wait_until("fds back after the attack", Duration::from_secs(20), || async {
-        fds(pid) <= base_fds + 8
-    })
+    wait_until(
+        "fds back after the attack",
+        Duration::from_secs(20),
+        || async { fds(pid) <= base_fds + 8 },
+    )
     .await;
     drop(legit_pair);
     node.terminate();
@@ -426,7 +459,7 @@ async fn spliced_with_source(
         .await
         .map_err(|e| format!("invite {e}"))?;
     let headers = vec![("x-forwarded-for", xff.to_string())];
-    let pair = testkit::pair_phone(&cell, &mut control, &host.relay_host_id, &invite, &headers)
-        .await?;
+    let pair =
+        testkit::pair_phone(&cell, &mut control, &host.relay_host_id, &invite, &headers).await?;
     Ok((host, control, pair))
 }

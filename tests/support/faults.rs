@@ -78,7 +78,10 @@ pub fn check_epochs(logs: &[Arc<Mutex<HostLog>>]) -> usize {
             assert!(e1 >= e0, "host {i}: epoch went down {e0} -> {e1}");
             if c0 != c1 {
                 moves += 1;
-                assert!(e1 > e0, "host {i}: moved {c0} -> {c1} without an epoch bump");
+                assert!(
+                    e1 > e0,
+                    "host {i}: moved {c0} -> {c1} without an epoch bump"
+                );
             }
         }
     }
@@ -93,7 +96,12 @@ pub fn current_cells(logs: &[Arc<Mutex<HostLog>>]) -> Vec<Option<String>> {
 }
 
 /// A single node (`--role all`) on `db_url` on a free loopback port, not started yet.
-pub fn single_node(name: &str, db_url: &str, data_dir: &str, extra: &[(&str, &str)]) -> (Proc, String) {
+pub fn single_node(
+    name: &str,
+    db_url: &str,
+    data_dir: &str,
+    extra: &[(&str, &str)],
+) -> (Proc, String) {
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
     let mut envs = vec![
@@ -141,8 +149,7 @@ pub async fn spliced(
         .create_invite("r1", "d1")
         .await
         .map_err(|e| format!("invite {e}"))?;
-    let pair =
-        testkit::pair_phone(&cell, &mut control, &host.relay_host_id, &invite, &[]).await?;
+    let pair = testkit::pair_phone(&cell, &mut control, &host.relay_host_id, &invite, &[]).await?;
     Ok((host, control, pair, cell, epoch))
 }
 
@@ -150,7 +157,10 @@ pub async fn spliced(
 pub async fn echo(pair: &mut Pair, tag: &str, within: Duration) -> Result<(), String> {
     let run = async {
         let m = Message::text(format!("to-host {tag}"));
-        pair.phone.send(m.clone()).await.map_err(|e| e.to_string())?;
+        pair.phone
+            .send(m.clone())
+            .await
+            .map_err(|e| e.to_string())?;
         match pair.data.next().await {
             Some(Ok(got)) if got == m => {}
             other => return Err(format!("data leg got {other:?}")),
@@ -198,7 +208,10 @@ pub struct Usage {
 
 pub async fn usage(url: &str) -> Usage {
     let m = scrape(url).await;
-    let get = |n: &str| *m.get(n).unwrap_or_else(|| panic!("{n} missing from /metrics"));
+    let get = |n: &str| {
+        *m.get(n)
+            .unwrap_or_else(|| panic!("{n} missing from /metrics"))
+    };
     Usage {
         rss: get("process_resident_memory_bytes"),
         fds: get("process_open_fds"),
@@ -350,9 +363,11 @@ pub async fn half_written(db: &Db) -> Vec<String> {
             ));
         }
     }
-    for r in q("SELECT l.relay_host_id, l.activity_id FROM relay_assignment_activity_leases l \
+    for r in q(
+        "SELECT l.relay_host_id, l.activity_id FROM relay_assignment_activity_leases l \
                 WHERE NOT EXISTS (SELECT 1 FROM relay_assignments a WHERE a.user_id = l.user_id \
-                AND a.relay_host_id = l.relay_host_id)")
+                AND a.relay_host_id = l.relay_host_id)",
+    )
     .await
     {
         bad.push(format!("lease {} without an assignment", r.str(1)));

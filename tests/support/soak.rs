@@ -252,7 +252,10 @@ async fn one_pairing(
         testkit::pair_phone(cell, control, &host.relay_host_id, &invite, &source()).await?;
     for i in 0..frames {
         let m = Message::text(format!("soak {n} {i}"));
-        pair.phone.send(m.clone()).await.map_err(|e| e.to_string())?;
+        pair.phone
+            .send(m.clone())
+            .await
+            .map_err(|e| e.to_string())?;
         match pair.data.next().await {
             Some(Ok(got)) if got == m => {}
             other => return Err(format!("data leg got {other:?}")),
@@ -282,7 +285,13 @@ struct Counters {
 
 /// Churners until `stop`: each places a host, pairs through it, replaces it every
 /// [`PAIRINGS_PER_HOST`] pairings (or after a failure).
-fn churn(url: &str, churners: usize, stop: Arc<AtomicBool>, c: Arc<Counters>, frames: usize) -> Vec<tokio::task::JoinHandle<()>> {
+fn churn(
+    url: &str,
+    churners: usize,
+    stop: Arc<AtomicBool>,
+    c: Arc<Counters>,
+    frames: usize,
+) -> Vec<tokio::task::JoinHandle<()>> {
     (0..churners)
         .map(|w| {
             let (url, stop, c) = (url.to_string(), stop.clone(), c.clone());
@@ -343,7 +352,13 @@ async fn run_phase(
     series: &mut Vec<Sample>,
 ) {
     let stop = Arc::new(AtomicBool::new(false));
-    let tasks = churn(url, plan.churners, stop.clone(), c.clone(), plan.frames_per_pair);
+    let tasks = churn(
+        url,
+        plan.churners,
+        stop.clone(),
+        c.clone(),
+        plan.frames_per_pair,
+    );
     let until = Instant::now() + len;
     while Instant::now() < until {
         tokio::time::sleep(plan.sample_every.min(until - Instant::now())).await;
@@ -377,7 +392,8 @@ async fn settle(
             Some(b) if b.phase == "idle" => {
                 // Before the baseline: settled when tasks and fds are back near the idle sample
                 // (the orphan grace of the hosts that left has run out) and stopped moving.
-                let near = |a: u64, b: u64| (a as f64 - b as f64).abs() <= (b as f64 * tol).max(1.0);
+                let near =
+                    |a: u64, b: u64| (a as f64 - b as f64).abs() <= (b as f64 * tol).max(1.0);
                 near(s.tasks, b.tasks)
                     && near(s.fds, b.fds)
                     && prev.is_some_and(|p| p.tasks == s.tasks && p.fds == s.fds)
