@@ -84,7 +84,7 @@ async fn kill9_of_a_cell_regrants_its_hosts_elsewhere() {
         })
         .collect();
 
-    let sampler = Sampler::start(t.db.clone());
+    let sampler = LeaseSampler::start(t.db.clone());
     let killed = kill9(&mut c.cprocs[victim]);
     eprintln!(
         "killed c{} with {} hosts and 1 splice on it",

@@ -30,14 +30,14 @@ pub fn pid(p: &Proc) -> u32 {
 
 /// Samples [`double_served`] every 50 ms until finished: no host may ever have live control
 /// leases on two cells.
-pub struct Sampler {
+pub struct LeaseSampler {
     stop: Arc<AtomicBool>,
     violations: Arc<Mutex<Vec<String>>>,
     task: tokio::task::JoinHandle<u64>,
 }
 
-impl Sampler {
-    pub fn start(db: Db) -> Sampler {
+impl LeaseSampler {
+    pub fn start(db: Db) -> LeaseSampler {
         let stop = Arc::new(AtomicBool::new(false));
         let violations = Arc::new(Mutex::new(Vec::new()));
         let (s, v) = (stop.clone(), violations.clone());
@@ -51,7 +51,7 @@ impl Sampler {
             }
             n
         });
-        Sampler {
+        LeaseSampler {
             stop,
             violations,
             task,

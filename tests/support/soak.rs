@@ -269,6 +269,22 @@ async fn one_pairing(
             other => return Err(format!("phone got {other:?}")),
         }
     }
+    // The phone installs its resume credential on the basis of this pairing, as the app does:
+    // that consumes the invite and releases its `invite-offer` activity (an invite paired but
+    // never installed stays valid, and holds its request unit, until it expires).
+    control
+        .send(serde_json::json!({"type":"device-credential-install","v":1,"reqId":format!("i{n}"),
+            "relayDeviceId":format!("d{n}"),
+            "newResumeTokenHash": orca_relay::crypto::token_hash(&orca_relay::crypto::random_b64u32()),
+            "authorization":{"mode":"relay-basis","basisConnId": pair.conn_id}}))
+        .await;
+    let installed = control
+        .recv(Duration::from_secs(10))
+        .await
+        .map_err(|e| format!("install {e:?}"))?;
+    if installed["type"] != "device-credential-installed" {
+        return Err(format!("install {installed}"));
+    }
     let _ = pair.phone.close(None).await;
     let _ = pair.data.close(None).await;
     // Wait for the cell's side of both closes, so the next pairing starts clean.
