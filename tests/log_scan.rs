@@ -6,6 +6,10 @@
 //! the process wrote is scanned for every secret, token, invite/resume token, push token,
 //! notification text and full relayHostId the run used. None may appear.
 
+// `cluster` and `push` each bring the shared `support/common` pieces; two copies in one test
+// binary are harmless.
+#![allow(clippy::duplicate_mod)]
+
 #[path = "support/cluster/mod.rs"]
 mod cluster;
 #[path = "support/faults.rs"]
