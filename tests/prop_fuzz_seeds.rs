@@ -10,7 +10,9 @@
 use std::path::PathBuf;
 
 use orca_relay::cell::frames::{self, Split};
-use orca_relay::crypto::{self, challenge, host_proof, jwt, nacl, push_proof, ChallengeRandomness, HostBinding};
+use orca_relay::crypto::{
+    self, challenge, host_proof, jwt, nacl, push_proof, ChallengeRandomness, HostBinding,
+};
 use serde_json::json;
 
 /// The fuzz targets' fixed inputs (fuzz/src/lib.rs and the proof targets).
@@ -59,84 +61,182 @@ fn with_selector(sel: u8, rest: &[u8]) -> Vec<u8> {
 
 fn seeds() -> Vec<Seed> {
     let mut out: Vec<Seed> = Vec::new();
-    let mut add = |t: &'static str, name: &str, bytes: Vec<u8>| out.push((t, name.to_string(), bytes));
+    let mut add =
+        |t: &'static str, name: &str, bytes: Vec<u8>| out.push((t, name.to_string(), bytes));
     let key_b64 = crypto::std_encode(&host_public());
     let hid = crypto::relay_host_id(&host_public());
 
     // First frames of the three legs.
     let hello = json!({"type":"host-hello","v":1,"relayHostId":hid,"assignmentEpoch":1,
         "hostPublicKeyB64":key_b64,"appVersion":"1.4.2"});
-    add("leg_first_frames", "host-hello", hello.to_string().into_bytes());
+    add(
+        "leg_first_frames",
+        "host-hello",
+        hello.to_string().into_bytes(),
+    );
     let mut resume = hello.clone();
     resume["previousGeneration"] = json!(3);
     resume["controlResumeSecret"] = json!(B64U32);
-    add("leg_first_frames", "host-hello-resume", resume.to_string().into_bytes());
+    add(
+        "leg_first_frames",
+        "host-hello-resume",
+        resume.to_string().into_bytes(),
+    );
     let issued = crypto::host_proof::issue_host_challenge_with(&binding(), NOW_MS, &random());
     let ack = json!({"type":"host-challenge-ack","challengeId":CHALLENGE_ID,
         "proofB64":crypto::std_encode(issued.expected_proof())});
-    add("leg_first_frames", "host-challenge-ack", ack.to_string().into_bytes());
+    add(
+        "leg_first_frames",
+        "host-challenge-ack",
+        ack.to_string().into_bytes(),
+    );
     let auth = json!({"type":"relay-auth","v":1,"mode":"connect","credential":B64U32});
-    add("leg_first_frames", "relay-auth", auth.to_string().into_bytes());
+    add(
+        "leg_first_frames",
+        "relay-auth",
+        auth.to_string().into_bytes(),
+    );
     let data = json!({"type":"host-data-auth","v":1,"connTicket":B64U32,"generation":2});
-    add("leg_first_frames", "host-data-auth", data.to_string().into_bytes());
+    add(
+        "leg_first_frames",
+        "host-data-auth",
+        data.to_string().into_bytes(),
+    );
 
     // Control messages (protocol.md §4.1).
     let control = [
         ("pong", json!({"type":"pong","t":NOW_MS})),
-        ("auth-refresh", json!({"type":"auth-refresh","relayJwt":"a.b.c"})),
-        ("invite-create", json!({"type":"invite-create","reqId":"r1","relayDeviceId":"d1"})),
-        ("install-basis", json!({"type":"device-credential-install","v":1,"reqId":"r2","relayDeviceId":"d1",
-            "newResumeTokenHash":B64U32,"authorization":{"mode":"relay-basis","basisConnId":"c1"}})),
-        ("install-direct", json!({"type":"device-credential-install","v":1,"reqId":"r3","relayDeviceId":"d1",
+        (
+            "auth-refresh",
+            json!({"type":"auth-refresh","relayJwt":"a.b.c"}),
+        ),
+        (
+            "invite-create",
+            json!({"type":"invite-create","reqId":"r1","relayDeviceId":"d1"}),
+        ),
+        (
+            "install-basis",
+            json!({"type":"device-credential-install","v":1,"reqId":"r2","relayDeviceId":"d1",
+            "newResumeTokenHash":B64U32,"authorization":{"mode":"relay-basis","basisConnId":"c1"}}),
+        ),
+        (
+            "install-direct",
+            json!({"type":"device-credential-install","v":1,"reqId":"r3","relayDeviceId":"d1",
             "newResumeTokenHash":B64U32,"expectedCurrentHash":B64U32,
-            "authorization":{"mode":"authenticated-direct","directAuthId":"a1"}})),
-        ("install-status", json!({"type":"device-credential-install-status","v":1,"reqId":"r4","relayDeviceId":"d1"})),
-        ("resume-confirm", json!({"type":"device-resume-confirm","v":1,"reqId":"r5","basisConnId":"c1"})),
-        ("revoke", json!({"type":"device-revoke","reqId":"r6","relayDeviceId":"d1"})),
+            "authorization":{"mode":"authenticated-direct","directAuthId":"a1"}}),
+        ),
+        (
+            "install-status",
+            json!({"type":"device-credential-install-status","v":1,"reqId":"r4","relayDeviceId":"d1"}),
+        ),
+        (
+            "resume-confirm",
+            json!({"type":"device-resume-confirm","v":1,"reqId":"r5","basisConnId":"c1"}),
+        ),
+        (
+            "revoke",
+            json!({"type":"device-revoke","reqId":"r6","relayDeviceId":"d1"}),
+        ),
     ];
     for (name, v) in control {
         add("control_frames", name, v.to_string().into_bytes());
     }
-    add("control_frames", "capabilities", b"pending-conn-details, idle-regional-rehome-v1".to_vec());
+    add(
+        "control_frames",
+        "capabilities",
+        b"pending-conn-details, idle-regional-rehome-v1".to_vec(),
+    );
 
     // Relay route bodies.
-    add("relay_bodies", "assign", json!({"v":1,"relayHostId":hid}).to_string().into_bytes());
-    add("relay_bodies", "assign-options", json!({"v":1,"relayHostId":hid,"reconnect":true,
-        "preferredRegion":"eu-west1","regionCorrection":{"v":1,"action":"issue-window"}}).to_string().into_bytes());
+    add(
+        "relay_bodies",
+        "assign",
+        json!({"v":1,"relayHostId":hid}).to_string().into_bytes(),
+    );
+    add(
+        "relay_bodies",
+        "assign-options",
+        json!({"v":1,"relayHostId":hid,"reconnect":true,
+        "preferredRegion":"eu-west1","regionCorrection":{"v":1,"action":"issue-window"}})
+        .to_string()
+        .into_bytes(),
+    );
     add("relay_bodies", "assign-report", json!({"v":1,"relayHostId":hid,"regionCorrection":{"v":1,
         "action":"report","generation":1,"assignmentEpoch":1,"policyVersion":1,"outcome":"conclusive",
         "measurements":{"us-central1":125,"asia-east2":100}}}).to_string().into_bytes());
     add("relay_bodies", "assign-inconclusive", json!({"v":1,"relayHostId":hid,"regionCorrection":{"v":1,
         "action":"report","generation":1,"assignmentEpoch":1,"policyVersion":1,"outcome":"inconclusive",
         "reason":"timeout"}}).to_string().into_bytes());
-    add("relay_bodies", "resolve", json!({"v":1,"relayHostId":hid,"resumeToken":B64U32}).to_string().into_bytes());
-    add("relay_bodies", "host-token", json!({"v":1,"relayHostId":hid,"hostPublicKeyB64":key_b64,
-        "userId":"user-1"}).to_string().into_bytes());
+    add(
+        "relay_bodies",
+        "resolve",
+        json!({"v":1,"relayHostId":hid,"resumeToken":B64U32})
+            .to_string()
+            .into_bytes(),
+    );
+    add(
+        "relay_bodies",
+        "host-token",
+        json!({"v":1,"relayHostId":hid,"hostPublicKeyB64":key_b64,
+        "userId":"user-1"})
+        .to_string()
+        .into_bytes(),
+    );
 
     // Admin and node route bodies.
     let incarnation = "6f1c2c8e-3b7a-4d2e-9f00-0123456789ab";
     let admin = [
-        ("cells", json!({"v":1,"cellId":"cell-1","cellUrl":"https://cell-1.example.test","region":"eu-west1",
-            "capacityRequests":100,"connectionHardCap":1000,"connectionUnobservedBound":100,"initialState":"general"})),
-        ("cell-state", json!({"v":1,"cellId":"cell-1","state":"existing-only","rollIsolated":true,"rollIsolatedAt":NOW_MS})),
-        ("cell-fence", json!({"v":1,"cellId":"cell-1","cellIncarnation":incarnation})),
+        (
+            "cells",
+            json!({"v":1,"cellId":"cell-1","cellUrl":"https://cell-1.example.test","region":"eu-west1",
+            "capacityRequests":100,"connectionHardCap":1000,"connectionUnobservedBound":100,"initialState":"general"}),
+        ),
+        (
+            "cell-state",
+            json!({"v":1,"cellId":"cell-1","state":"existing-only","rollIsolated":true,"rollIsolatedAt":NOW_MS}),
+        ),
+        (
+            "cell-fence",
+            json!({"v":1,"cellId":"cell-1","cellIncarnation":incarnation}),
+        ),
         ("cell-status", json!({"v":1,"cellId":"cell-1"})),
-        ("host-whereabouts", json!({"v":1,"relayHostId":hid,"userId":"user-1"})),
-        ("evacuate", json!({"v":1,"userId":"user-1","relayHostId":hid,"targetCellId":"cell-2"})),
-        ("evacuate-cell", json!({"v":1,"sourceCellId":"cell-1","targetCellId":"cell-2","limit":10})),
-        ("migration-complete", json!({"v":1,"userId":"user-1","relayHostId":hid,"assignmentEpoch":2})),
+        (
+            "host-whereabouts",
+            json!({"v":1,"relayHostId":hid,"userId":"user-1"}),
+        ),
+        (
+            "evacuate",
+            json!({"v":1,"userId":"user-1","relayHostId":hid,"targetCellId":"cell-2"}),
+        ),
+        (
+            "evacuate-cell",
+            json!({"v":1,"sourceCellId":"cell-1","targetCellId":"cell-2","limit":10}),
+        ),
+        (
+            "migration-complete",
+            json!({"v":1,"userId":"user-1","relayHostId":hid,"assignmentEpoch":2}),
+        ),
         ("drain", json!({"v":1,"graceMs":1000,"paceWindowMs":500})),
         ("runtime-status", json!({"v":1})),
-        ("rehome-control", json!({"v":1,"action":"apply","expectedGeneration":0,"enabled":true,"ratePerMinute":10,
+        (
+            "rehome-control",
+            json!({"v":1,"action":"apply","expectedGeneration":0,"enabled":true,"ratePerMinute":10,
             "cohortPercent":100,"hostCooldownMs":60000,"preferenceMaxAgeMs":60000,
-            "confirmation":"ENABLE_REGIONAL_REHOMING"})),
-        ("cell-heartbeat", json!({"v":1,"cellId":"cell-1","cellUrl":"https://cell-1.example.test","region":"eu-west1",
+            "confirmation":"ENABLE_REGIONAL_REHOMING"}),
+        ),
+        (
+            "cell-heartbeat",
+            json!({"v":1,"cellId":"cell-1","cellUrl":"https://cell-1.example.test","region":"eu-west1",
             "cellIncarnation":incarnation,"startedAt":NOW_MS,"ready":true,"observedRequests":3,
             "totalConnections":10,"inFlightConnections":1,"reservedConnectionUnits":2,"enforcedConnectionUnits":13,
-            "connectionHardCap":1000,"connectionUnobservedBound":100,"connectionInclusionWatermark":5})),
-        ("cell-rehome-status", json!({"v":1,"cellId":"cell-1","cellIncarnation":incarnation,"regionalRehomeProtocol":1,
+            "connectionHardCap":1000,"connectionUnobservedBound":100,"connectionInclusionWatermark":5}),
+        ),
+        (
+            "cell-rehome-status",
+            json!({"v":1,"cellId":"cell-1","cellIncarnation":incarnation,"regionalRehomeProtocol":1,
             "safety":{"observedAt":NOW_MS,"sqlFailures":0,"reconnects":0,"controlActivityRecoveryFailures":0,
-            "databasePoolWaiting":0,"databasePoolWaitersMax":0,"databasePoolWaitMsMax":0}})),
+            "databasePoolWaiting":0,"databasePoolWaitersMax":0,"databasePoolWaitMsMax":0}}),
+        ),
     ];
     for (name, v) in admin {
         add("admin_bodies", name, v.to_string().into_bytes());
@@ -145,15 +245,30 @@ fn seeds() -> Vec<Seed> {
     // Push gateway bodies.
     let push = [
         ("challenge", json!({"v":1,"hostPublicKeyB64":key_b64})),
-        ("session", json!({"v":1,"challengeId":CHALLENGE_ID,"proofB64":key_b64})),
-        ("device-ios", json!({"v":1,"deviceId":"phone-1","platform":"ios","token":"ab12cd","apnsEnvironment":"sandbox"})),
-        ("device-android", json!({"v":1,"deviceId":"phone-2","platform":"android",
-            "token":"fcm-token_0123456789:abcdefghijklmnop"})),
-        ("send", json!({"v":1,"registrationIds":["r1","r2"],"notification":{"notificationId":"pane-7:done",
+        (
+            "session",
+            json!({"v":1,"challengeId":CHALLENGE_ID,"proofB64":key_b64}),
+        ),
+        (
+            "device-ios",
+            json!({"v":1,"deviceId":"phone-1","platform":"ios","token":"ab12cd","apnsEnvironment":"sandbox"}),
+        ),
+        (
+            "device-android",
+            json!({"v":1,"deviceId":"phone-2","platform":"android",
+            "token":"fcm-token_0123456789:abcdefghijklmnop"}),
+        ),
+        (
+            "send",
+            json!({"v":1,"registrationIds":["r1","r2"],"notification":{"notificationId":"pane-7:done",
             "notificationSeq":7,"notificationEpoch":"epoch-a","source":"agent-task-complete","agentState":"finished","title":"Done",
-            "body":"Task finished","worktreeId":"w1","paneKey":"p1","sound":true,"kind":"alert","expiresAt":NOW_MS}})),
-        ("send-minimal", json!({"v":1,"registrationIds":["r1"],"notification":{"notificationSeq":1,
-            "notificationEpoch":"e","source":"plugin","agentState":null,"title":"t","body":""}})),
+            "body":"Task finished","worktreeId":"w1","paneKey":"p1","sound":true,"kind":"alert","expiresAt":NOW_MS}}),
+        ),
+        (
+            "send-minimal",
+            json!({"v":1,"registrationIds":["r1"],"notification":{"notificationSeq":1,
+            "notificationEpoch":"e","source":"plugin","agentState":null,"title":"t","body":""}}),
+        ),
     ];
     for (name, v) in push {
         add("push_bodies", name, v.to_string().into_bytes());
@@ -161,49 +276,128 @@ fn seeds() -> Vec<Seed> {
 
     // Host tokens: a minted one, and header + claims for the signing selector.
     let host_key = jwt::self_hosted_key(SIGNING_KEY);
-    let (token, _) = jwt::mint_host_token(&host_key, "user-1", "https://relay.example.test", &hid, NOW_MS);
+    let (token, _) = jwt::mint_host_token(
+        &host_key,
+        "user-1",
+        "https://relay.example.test",
+        &hid,
+        NOW_MS,
+    );
     add("host_token", "minted", with_selector(0, token.as_bytes()));
-    add("host_token", "bearer", with_selector(0, format!("Bearer {token}").as_bytes()));
+    add(
+        "host_token",
+        "bearer",
+        with_selector(0, format!("Bearer {token}").as_bytes()),
+    );
     let claims = json!({"sub":"user-1","prof":"https://relay.example.test","iss":"https://relay.example.test",
         "org":"org-1","relayHostId":hid,"purpose":jwt::HOST_PURPOSE,"aud":[jwt::HOST_AUDIENCE],
         "iat":NOW_MS / 1000,"exp":NOW_MS / 1000 + 900});
-    add("host_token", "signed-claims", with_selector(1, format!("{}\n{claims}", r#"{"alg":"HS256","typ":"JWT"}"#).as_bytes()));
+    add(
+        "host_token",
+        "signed-claims",
+        with_selector(
+            1,
+            format!("{}\n{claims}", r#"{"alg":"HS256","typ":"JWT"}"#).as_bytes(),
+        ),
+    );
 
     // Cluster tokens and leases.
     let cluster = jwt::mint_cluster_token(SIGNING_KEY.as_bytes(), "cell-1", NOW_MS);
-    add("cluster_token", "cluster", with_selector(0, cluster.as_bytes()));
-    let lease = jwt::mint_assignment_lease(SIGNING_KEY, "https://relay.example.test", "user-1", "cell-1",
-        "https://cell-1.example.test", 3, &hid, NOW_MS);
+    add(
+        "cluster_token",
+        "cluster",
+        with_selector(0, cluster.as_bytes()),
+    );
+    let lease = jwt::mint_assignment_lease(
+        SIGNING_KEY,
+        "https://relay.example.test",
+        "user-1",
+        "cell-1",
+        "https://cell-1.example.test",
+        3,
+        &hid,
+        NOW_MS,
+    );
     add("cluster_token", "lease", with_selector(0, lease.as_bytes()));
     let cluster_claims = json!({"sub":"cell-1","aud":jwt::CLUSTER_AUDIENCE,"iat":NOW_MS / 1000,"exp":NOW_MS / 1000 + 30});
-    add("cluster_token", "signed-cluster", with_selector(1, format!("{}\n{cluster_claims}", r#"{"alg":"HS256","typ":"JWT"}"#).as_bytes()));
+    add(
+        "cluster_token",
+        "signed-cluster",
+        with_selector(
+            1,
+            format!("{}\n{cluster_claims}", r#"{"alg":"HS256","typ":"JWT"}"#).as_bytes(),
+        ),
+    );
     let lease_header = json!({"alg":"HS256","typ":"JWT","kid":jwt::lease_kid(SIGNING_KEY)});
-    let lease_claims = jwt::verify_assignment_lease(SIGNING_KEY, &lease, NOW_MS).expect("a fresh lease");
-    add("cluster_token", "signed-lease", with_selector(1, format!("{lease_header}\n{}", serde_json::to_string(&lease_claims).unwrap()).as_bytes()));
+    let lease_claims =
+        jwt::verify_assignment_lease(SIGNING_KEY, &lease, NOW_MS).expect("a fresh lease");
+    add(
+        "cluster_token",
+        "signed-lease",
+        with_selector(
+            1,
+            format!(
+                "{lease_header}\n{}",
+                serde_json::to_string(&lease_claims).unwrap()
+            )
+            .as_bytes(),
+        ),
+    );
 
     // Host proof: the frame as JSON, the opened plaintext, the transcript.
     let frame = &issued.frame;
-    add("host_proof", "frame", with_selector(0, serde_json::to_string(frame).unwrap().as_bytes()));
-    let opened = open(&frame.ciphertext_b64, &frame.nonce_b64, &frame.relay_ephemeral_public_key_b64);
+    add(
+        "host_proof",
+        "frame",
+        with_selector(0, serde_json::to_string(frame).unwrap().as_bytes()),
+    );
+    let opened = open(
+        &frame.ciphertext_b64,
+        &frame.nonce_b64,
+        &frame.relay_ephemeral_public_key_b64,
+    );
     add("host_proof", "plaintext", with_selector(1, &opened));
-    let (transcript, _) = challenge::split_plaintext(host_proof::CHALLENGE_DOMAIN, &opened).unwrap();
+    let (transcript, _) =
+        challenge::split_plaintext(host_proof::CHALLENGE_DOMAIN, &opened).unwrap();
     add("host_proof", "transcript", with_selector(2, transcript));
 
     // Push proof: the same three forms.
-    let (resp, _) = push_proof::issue_push_challenge_with(PUSH_ORIGIN, &host_public(), NOW_MS, &random());
-    add("push_proof", "response", with_selector(0, serde_json::to_string(&resp).unwrap().as_bytes()));
-    let opened = open(&resp.ciphertext_b64, &resp.nonce_b64, &resp.gateway_ephemeral_public_key_b64);
+    let (resp, _) =
+        push_proof::issue_push_challenge_with(PUSH_ORIGIN, &host_public(), NOW_MS, &random());
+    add(
+        "push_proof",
+        "response",
+        with_selector(0, serde_json::to_string(&resp).unwrap().as_bytes()),
+    );
+    let opened = open(
+        &resp.ciphertext_b64,
+        &resp.nonce_b64,
+        &resp.gateway_ephemeral_public_key_b64,
+    );
     add("push_proof", "plaintext", with_selector(1, &opened));
-    let (transcript, _) = challenge::split_plaintext(push_proof::CHALLENGE_DOMAIN, &opened).unwrap();
+    let (transcript, _) =
+        challenge::split_plaintext(push_proof::CHALLENGE_DOMAIN, &opened).unwrap();
     add("push_proof", "transcript", with_selector(2, transcript));
 
     // Leg paths, X-Forwarded-For, ORCA_RELAY_CELLS.
-    for (name, p) in [("control", "/v1/host/control"), ("escaped-id", "abcdefghijklmno%70"),
-        ("utf8", "conn-%C3%A9"), ("host-id", hid.as_str())] {
+    for (name, p) in [
+        ("control", "/v1/host/control"),
+        ("escaped-id", "abcdefghijklmno%70"),
+        ("utf8", "conn-%C3%A9"),
+        ("host-id", hid.as_str()),
+    ] {
         add("leg_path", name, p.as_bytes().to_vec());
     }
-    add("forwarded_for", "two-hops", with_selector(2, b"203.0.113.9, 198.51.100.2\n10.0.0.1"));
-    add("forwarded_for", "ipv6", with_selector(1, b"[2001:db8::1]\n::ffff:192.0.2.1"));
+    add(
+        "forwarded_for",
+        "two-hops",
+        with_selector(2, b"203.0.113.9, 198.51.100.2\n10.0.0.1"),
+    );
+    add(
+        "forwarded_for",
+        "ipv6",
+        with_selector(1, b"[2001:db8::1]\n::ffff:192.0.2.1"),
+    );
     add("cells_config", "two-cells", json!([
         {"id":"cell-1","url":"https://cell-1.example.test","region":"eu-west1","capacityRequests":100},
         {"id":"cell-2","url":"http://127.0.0.1:8081","region":"us-central1","capacityRequests":50,
@@ -228,7 +422,9 @@ fn text(b: &[u8]) -> &str {
 
 /// Every seed is accepted by the parser it seeds, so the fuzzer starts from valid inputs.
 fn assert_accepted(target: &str, name: &str, b: &[u8]) {
-    let regions: Vec<String> = ["us-central1", "asia-east2", "eu-west1"].map(String::from).to_vec();
+    let regions: Vec<String> = ["us-central1", "asia-east2", "eu-west1"]
+        .map(String::from)
+        .to_vec();
     let ok = match target {
         "leg_first_frames" | "control_frames" if name == "capabilities" => {
             frames::capabilities(text(b).lines()).len() == 2
@@ -246,7 +442,9 @@ fn assert_accepted(target: &str, name: &str, b: &[u8]) {
                 "auth-refresh" => frames::body::<frames::AuthRefresh>(m).is_some(),
                 "invite-create" => frames::body::<frames::InviteCreate>(m).is_some(),
                 "device-credential-install" => frames::body::<frames::Install>(m).is_some(),
-                "device-credential-install-status" => frames::body::<frames::InstallStatus>(m).is_some(),
+                "device-credential-install-status" => {
+                    frames::body::<frames::InstallStatus>(m).is_some()
+                }
                 "device-resume-confirm" => frames::body::<frames::ResumeConfirm>(m).is_some(),
                 "device-revoke" => frames::body::<frames::Revoke>(m).is_some(),
                 _ => false,
@@ -256,8 +454,10 @@ fn assert_accepted(target: &str, name: &str, b: &[u8]) {
         "relay_bodies" => {
             use orca_relay::director::{host_token, routes};
             host_token::decode_request(b).is_ok()
-                || routes::decode_body_for_fuzzing("/v1/assign", b, &regions).is_some_and(|r| r.is_ok())
-                || routes::decode_body_for_fuzzing("/v1/resolve", b, &regions).is_some_and(|r| r.is_ok())
+                || routes::decode_body_for_fuzzing("/v1/assign", b, &regions)
+                    .is_some_and(|r| r.is_ok())
+                || routes::decode_body_for_fuzzing("/v1/resolve", b, &regions)
+                    .is_some_and(|r| r.is_ok())
         }
         "admin_bodies" => {
             use orca_relay::contract::wire::{CellHeartbeat, CellRehomeStatus};
@@ -326,7 +526,9 @@ fn assert_accepted(target: &str, name: &str, b: &[u8]) {
         },
         "leg_path" => orca_relay::leg::path::percent_decode(text(b)).is_some(),
         "forwarded_for" => true,
-        "cells_config" => orca_relay::config::parse_cells(text(b), &regions).is_ok_and(|c| c.len() == 2),
+        "cells_config" => {
+            orca_relay::config::parse_cells(text(b), &regions).is_ok_and(|c| c.len() == 2)
+        }
         other => panic!("no check for target {other}"),
     };
     assert!(ok, "seed {target}/{name} is not accepted by its parser");

@@ -7,7 +7,9 @@
 
 use orca_relay::contract::strict::{self, Error};
 use orca_relay::contract::wire::CellHeartbeat;
-use orca_relay::crypto::{self, b64, challenge, host_proof, jwt, nacl, ChallengeRandomness, HostBinding};
+use orca_relay::crypto::{
+    self, b64, challenge, host_proof, jwt, nacl, ChallengeRandomness, HostBinding,
+};
 use orca_relay::leg::path::{self, Named};
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use proptest::prelude::*;
@@ -146,26 +148,37 @@ proptest! {
 
 fn heartbeat() -> impl Strategy<Value = CellHeartbeat> {
     (
-        (any::<u8>(), "[a-z0-9-]{1,20}", "https://[a-z]{1,10}\\.test", "[a-z0-9-]{1,12}", "[0-9a-f-]{36}", any::<i64>(), any::<bool>(), any::<i64>()),
+        (
+            any::<u8>(),
+            "[a-z0-9-]{1,20}",
+            "https://[a-z]{1,10}\\.test",
+            "[a-z0-9-]{1,12}",
+            "[0-9a-f-]{36}",
+            any::<i64>(),
+            any::<bool>(),
+            any::<i64>(),
+        ),
         proptest::option::of(any::<[i64; 7]>()),
     )
-        .prop_map(|((v, cell_id, cell_url, region, inc, started_at, ready, observed), t)| CellHeartbeat {
-            v,
-            cell_id,
-            cell_url,
-            region,
-            cell_incarnation: inc,
-            started_at,
-            ready,
-            observed_requests: observed,
-            total_connections: t.map(|t| t[0]),
-            in_flight_connections: t.map(|t| t[1]),
-            reserved_connection_units: t.map(|t| t[2]),
-            enforced_connection_units: t.map(|t| t[3]),
-            connection_hard_cap: t.map(|t| t[4]),
-            connection_unobserved_bound: t.map(|t| t[5]),
-            connection_inclusion_watermark: t.map(|t| t[6]),
-        })
+        .prop_map(
+            |((v, cell_id, cell_url, region, inc, started_at, ready, observed), t)| CellHeartbeat {
+                v,
+                cell_id,
+                cell_url,
+                region,
+                cell_incarnation: inc,
+                started_at,
+                ready,
+                observed_requests: observed,
+                total_connections: t.map(|t| t[0]),
+                in_flight_connections: t.map(|t| t[1]),
+                reserved_connection_units: t.map(|t| t[2]),
+                enforced_connection_units: t.map(|t| t[3]),
+                connection_hard_cap: t.map(|t| t[4]),
+                connection_unobserved_bound: t.map(|t| t[5]),
+                connection_inclusion_watermark: t.map(|t| t[6]),
+            },
+        )
 }
 
 const OPTIONAL: [&str; 7] = [

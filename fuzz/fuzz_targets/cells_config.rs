@@ -22,7 +22,10 @@ fuzz_target!(|data: &[u8]| {
                 assert!(check_origin(&c.url).is_ok());
                 assert!(regions.contains(&c.region));
                 assert!((1..=1_000_000).contains(&c.capacity_requests));
-                assert_eq!(c.connection_hard_cap.is_some(), c.connection_unobserved_bound.is_some());
+                assert_eq!(
+                    c.connection_hard_cap.is_some(),
+                    c.connection_unobserved_bound.is_some()
+                );
             }
         }
         Err(e) => assert!(e.0.starts_with("ORCA_RELAY_CELLS"), "{}", e.0),

@@ -13,7 +13,9 @@ use orca_relay::contract::validate::is_opaque_id;
 
 /// Decodes `m` as `T` and re-checks the acceptance against `Check` (the decoder must never hand
 /// out a value its own check refuses).
-fn accepts<T: serde::de::DeserializeOwned + Check>(m: &serde_json::Map<String, serde_json::Value>) -> bool {
+fn accepts<T: serde::de::DeserializeOwned + Check>(
+    m: &serde_json::Map<String, serde_json::Value>,
+) -> bool {
     match frames::body::<T>(m.clone()) {
         Some(t) => {
             assert!(t.check());
@@ -30,7 +32,9 @@ fuzz_target!(|data: &[u8]| {
     // The header parser sees the same bytes as comma-separated header values, one per line.
     let caps = frames::capabilities(text.lines());
     assert!(caps.len() <= 16);
-    assert!(caps.iter().all(|c| frames::chars_in(c, 1, 64) && c.trim() == c));
+    assert!(caps
+        .iter()
+        .all(|c| frames::chars_in(c, 1, 64) && c.trim() == c));
 
     let Split::Typed(ty, m) = frames::split(text) else {
         return;

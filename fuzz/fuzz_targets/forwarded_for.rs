@@ -36,9 +36,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let key = ip_key(&source);
     assert!(
-        key == "unknown"
-            || key.parse::<std::net::Ipv4Addr>().is_ok()
-            || key.ends_with("::/64"),
+        key == "unknown" || key.parse::<std::net::Ipv4Addr>().is_ok() || key.ends_with("::/64"),
         "{key}"
     );
 });

@@ -36,7 +36,12 @@ fn sealed_frame(plaintext: &[u8]) -> HostChallengeFrame {
         challenge_id: "00000000-0000-4000-8000-000000000000".into(),
         relay_ephemeral_public_key_b64: crypto::std_encode(&nacl::public_key(&EPHEMERAL_SECRET)),
         nonce_b64: crypto::std_encode(&NONCE),
-        ciphertext_b64: crypto::std_encode(&nacl::seal(plaintext, &NONCE, &b.host_public, &EPHEMERAL_SECRET)),
+        ciphertext_b64: crypto::std_encode(&nacl::seal(
+            plaintext,
+            &NONCE,
+            &b.host_public,
+            &EPHEMERAL_SECRET,
+        )),
         expires_at: NOW_MS + 5_000,
     }
 }

@@ -32,7 +32,10 @@ fuzz_target!(|data: &[u8]| {
         assert!(is_relay_host_id(&c.relay_host_id));
         assert!((1..=128).contains(&c.sub.chars().count()));
         assert!((1..=2048).contains(&c.prof.chars().count()));
-        assert!(c.org.as_ref().is_none_or(|o| (1..=128).contains(&o.chars().count())));
+        assert!(c
+            .org
+            .as_ref()
+            .is_none_or(|o| (1..=128).contains(&o.chars().count())));
         assert!(c.exp * 1000 > NOW_MS);
     }
 });

@@ -71,7 +71,10 @@ fuzz_target!(|data: &[u8]| {
     }
     // Phone leg (and the director's invite redirect), through its own entry point.
     let phone = orca_relay::leg::frame::relay_auth(text);
-    assert_eq!(phone.is_some(), ty == "relay-auth" && frames::body::<RelayAuth>(m).is_some());
+    assert_eq!(
+        phone.is_some(),
+        ty == "relay-auth" && frames::body::<RelayAuth>(m).is_some()
+    );
     if let Some(a) = phone {
         assert_eq!((a.v, a.mode.as_str()), (1, "connect"));
         assert!(crypto::decode_b64u32(&a.credential).is_some());

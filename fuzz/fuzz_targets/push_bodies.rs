@@ -9,7 +9,9 @@
 use libfuzzer_sys::fuzz_target;
 use orca_relay::crypto;
 use orca_relay::http as h;
-use orca_relay::push::model::{self, ChallengeRequest, DeviceRequest, Notification, SendRequest, SessionRequest};
+use orca_relay::push::model::{
+    self, ChallengeRequest, DeviceRequest, Notification, SendRequest, SessionRequest,
+};
 use orca_relay_fuzz::assert_invalid_request;
 
 fn refused<T>(r: Result<T, h::Response>) -> Option<T> {
@@ -31,7 +33,10 @@ fuzz_target!(|data: &[u8]| {
     if let Some(s) = refused(h::parse::<SessionRequest>(data)) {
         if s.valid() {
             // The session route compares the proof with the stored hash of the challenge.
-            let _ = crypto::push_proof::proof_matches_secret_hash(&s.proof_b64, "0".repeat(64).as_str());
+            let _ = crypto::push_proof::proof_matches_secret_hash(
+                &s.proof_b64,
+                "0".repeat(64).as_str(),
+            );
         }
     }
     if let Some(d) = refused(h::parse::<DeviceRequest>(data)) {
@@ -52,7 +57,10 @@ fuzz_target!(|data: &[u8]| {
             let json = n.canonical_json();
             assert_eq!(Notification::from_payload(&json).as_ref(), Some(&n));
             let _ = (n.event_id("qqj_9wO1CyKX9Pbh"), n.content_fingerprint());
-            let _ = (n.collapse_id("qqj_9wO1CyKX9Pbh"), n.orca_object("qqj_9wO1CyKX9Pbh"));
+            let _ = (
+                n.collapse_id("qqj_9wO1CyKX9Pbh"),
+                n.orca_object("qqj_9wO1CyKX9Pbh"),
+            );
         }
     }
 });

@@ -156,8 +156,7 @@ fn decode_assign(
     let rc = match &req.region_correction {
         None => None,
         Some(v) => Some(
-            crate::rehome::rules::parse_region_correction(v, regions)
-                .ok_or_else(h::bad_request)?,
+            crate::rehome::rules::parse_region_correction(v, regions).ok_or_else(h::bad_request)?,
         ),
     };
     Ok((req, rc))
