@@ -916,7 +916,9 @@ impl Config {
     }
 }
 
-fn parse_cells(text: &str, regions: &[String]) -> Result<Vec<CellSpec>, ConfigError> {
+/// `ORCA_RELAY_CELLS`: a JSON array of cells, each checked against `regions`; every error names
+/// the variable. Public as the fuzzing entry of `fuzz/fuzz_targets/cells_config.rs`.
+pub fn parse_cells(text: &str, regions: &[String]) -> Result<Vec<CellSpec>, ConfigError> {
     let cells: Vec<CellSpec> = serde_json::from_str(text).or_else(|e| {
         err(format!(
             "ORCA_RELAY_CELLS must be a JSON array of cells: {e}"

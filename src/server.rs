@@ -580,6 +580,15 @@ struct VersionOnly {
     v: u8,
 }
 
+/// The `{"v":1}` body of `POST /v1/admin/runtime-status`, or `400`. Also the fuzzing entry of
+/// `fuzz/fuzz_targets/admin_bodies.rs`.
+pub fn decode_version_only(bytes: &[u8]) -> Result<(), Response> {
+    match h::parse::<VersionOnly>(bytes)? {
+        VersionOnly { v: 1 } => Ok(()),
+        _ => Err(h::bad_request()),
+    }
+}
+
 fn runtime_status(ctx: &Ctx, cell: Option<&Cell>, headers: &HeaderMap, body: h::Body) -> Response {
     if !h::is_admin(headers, ctx.config.secrets.admin_token.as_deref()) {
         return h::invalid_token();
@@ -589,10 +598,8 @@ fn runtime_status(ctx: &Ctx, cell: Option<&Cell>, headers: &HeaderMap, body: h::
         h::Body::TooLarge => return h::too_large(),
         h::Body::Broken => return h::bad_request(),
     };
-    match h::parse::<VersionOnly>(&bytes) {
-        Ok(VersionOnly { v: 1 }) => {}
-        Ok(_) => return h::bad_request(),
-        Err(r) => return r,
+    if let Err(r) = decode_version_only(&bytes) {
+        return r;
     }
     let cfg = &ctx.config;
     let is_cell = cell.is_some();

@@ -37,6 +37,17 @@ pub fn route(
         .map(move |headers: HeaderMap, body: h::Body| handle(&cell, &headers, body))
 }
 
+/// The body checks of `POST /v1/admin/drain`: `(graceMs, paceWindowMs)` or `400`. Also the fuzzing
+/// entry of `fuzz/fuzz_targets/admin_bodies.rs`.
+pub fn decode(bytes: &[u8]) -> Result<(u64, u64), Response> {
+    let b: DrainBody = h::parse(bytes)?;
+    let pace = b.pace_window_ms.unwrap_or(0);
+    if b.v != 1 || b.grace_ms > limits::DRAIN_GRACE_MAX_MS || pace > limits::DRAIN_PACE_MAX_MS {
+        return Err(h::bad_request());
+    }
+    Ok((b.grace_ms, pace))
+}
+
 fn handle(cell: &Arc<Cell>, headers: &HeaderMap, body: h::Body) -> Response {
     if !h::is_admin(headers, cell.ctx.config.secrets.admin_token.as_deref()) {
         return h::invalid_token();
@@ -46,15 +57,11 @@ fn handle(cell: &Arc<Cell>, headers: &HeaderMap, body: h::Body) -> Response {
         h::Body::TooLarge => return h::too_large(),
         h::Body::Broken => return h::bad_request(),
     };
-    let b: DrainBody = match h::parse(&bytes) {
+    let (grace_ms, pace) = match decode(&bytes) {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let pace = b.pace_window_ms.unwrap_or(0);
-    if b.v != 1 || b.grace_ms > limits::DRAIN_GRACE_MAX_MS || pace > limits::DRAIN_PACE_MAX_MS {
-        return h::bad_request();
-    }
-    start(cell, b.grace_ms, pace);
+    start(cell, grace_ms, pace);
     h::json(StatusCode::OK, &json!({"ok": true, "paceWindowMs": pace}))
 }
 

@@ -72,6 +72,24 @@ fn parse<T: serde::de::DeserializeOwned>(b: &[u8]) -> Result<T, Response> {
     h::parse(b)
 }
 
+/// Fuzzing entry (`fuzz/fuzz_targets/admin_bodies.rs`): decodes `bytes` as the body of the admin
+/// route at `path` with that handler's own schema, as its first step does; `None` for a path this
+/// module does not own. (`regional-rehome-control` is decoded by `rehome::rules`.)
+#[doc(hidden)]
+pub fn decode_body_for_fuzzing(path: &str, bytes: &[u8]) -> Option<Result<(), Response>> {
+    Some(match path {
+        "/v1/admin/cells" => parse::<CellsReq>(bytes).map(drop),
+        "/v1/admin/cell-state" => parse::<CellStateReq>(bytes).map(drop),
+        "/v1/admin/cell-fence" => parse::<FenceReq>(bytes).map(drop),
+        "/v1/admin/cell-status" => parse::<StatusReq>(bytes).map(drop),
+        "/v1/admin/host-whereabouts" => parse::<WhereaboutsReq>(bytes).map(drop),
+        "/v1/admin/evacuate" => parse::<EvacuateReq>(bytes).map(drop),
+        "/v1/admin/evacuate-cell" => parse::<EvacuateCellReq>(bytes).map(drop),
+        "/v1/admin/migration-complete" => parse::<CompleteReq>(bytes).map(drop),
+        _ => return None,
+    })
+}
+
 pub(crate) fn not_found() -> Response {
     h::error(StatusCode::NOT_FOUND, "cell_not_found")
 }

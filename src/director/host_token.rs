@@ -48,6 +48,26 @@ fn key_matches(given: Option<&str>, configured: Option<&str>) -> bool {
     }
 }
 
+/// The body checks of `POST /v1/host-token` (strict schema, `v`, key and id binding, `userId`
+/// length), before any token is minted: `(relayHostId, userId)` or the route's `400`. Also the
+/// fuzzing entry of `fuzz/fuzz_targets/relay_bodies.rs`.
+pub fn decode_request(bytes: &[u8]) -> Result<(String, String), Response> {
+    let req: Request = h::parse(bytes)?;
+    if req.v.is_some_and(|v| v != 1) {
+        return Err(h::bad_request());
+    }
+    let key = crypto::b64::decode_key32(&req.host_public_key_b64).ok_or_else(h::bad_request)?;
+    if crypto::ident::relay_host_id(&key) != req.relay_host_id {
+        return Err(h::bad_request());
+    }
+    let user_id = match req.user_id {
+        Some(u) if (1..=128).contains(&u.chars().count()) => u,
+        Some(_) => return Err(h::bad_request()),
+        None => "self-hosted".to_string(),
+    };
+    Ok((req.relay_host_id, user_id))
+}
+
 fn handle(dir: &Director, headers: &HeaderMap, body: Body) -> Response {
     let cfg = &dir.ctx.config;
     if !key_matches(h::bearer(headers), cfg.secrets.self_hosted_key.as_deref()) {
@@ -58,30 +78,15 @@ fn handle(dir: &Director, headers: &HeaderMap, body: Body) -> Response {
         Body::TooLarge => return h::too_large(),
         Body::Broken => return h::bad_request(),
     };
-    let req: Request = match h::parse(&bytes) {
+    let (relay_host_id, user_id) = match decode_request(&bytes) {
         Ok(r) => r,
         Err(resp) => return resp,
-    };
-    if req.v.is_some_and(|v| v != 1) {
-        return h::bad_request();
-    }
-    let key = match crypto::b64::decode_key32(&req.host_public_key_b64) {
-        Some(k) => k,
-        None => return h::bad_request(),
-    };
-    if crypto::ident::relay_host_id(&key) != req.relay_host_id {
-        return h::bad_request();
-    }
-    let user_id = match req.user_id {
-        Some(u) if (1..=128).contains(&u.chars().count()) => u,
-        Some(_) => return h::bad_request(),
-        None => "self-hosted".to_string(),
     };
     let (token, expires_at) = crypto::jwt::mint_host_token(
         &dir.host_token_key,
         &user_id,
         &cfg.public_url,
-        &req.relay_host_id,
+        &relay_host_id,
         crate::clock::now_ms(),
     );
     h::json(

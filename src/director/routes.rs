@@ -137,6 +137,58 @@ struct ResolveRequest {
     resume_token: String,
 }
 
+/// The body checks of `POST /v1/assign` before any store call: strict schema, `v`, the id's
+/// shape, a configured `preferredRegion` and a well-formed `regionCorrection`.
+fn decode_assign(
+    bytes: &[u8],
+    regions: &[String],
+) -> Result<(AssignRequest, Option<RegionCorrection>), Response> {
+    let req: AssignRequest = h::parse(bytes)?;
+    if req.v != 1
+        || !crypto::ident::is_relay_host_id(&req.relay_host_id)
+        || req
+            .preferred_region
+            .as_ref()
+            .is_some_and(|r| !regions.contains(r))
+    {
+        return Err(h::bad_request());
+    }
+    let rc = match &req.region_correction {
+        None => None,
+        Some(v) => Some(
+            crate::rehome::rules::parse_region_correction(v, regions).ok_or_else(h::bad_request)?,
+        ),
+    };
+    Ok((req, rc))
+}
+
+/// The body checks of `POST /v1/resolve` before any store call.
+fn decode_resolve(bytes: &[u8]) -> Result<ResolveRequest, Response> {
+    let req: ResolveRequest = h::parse(bytes)?;
+    if req.v != 1
+        || !crypto::ident::is_relay_host_id(&req.relay_host_id)
+        || !is_b64u32(&req.resume_token)
+    {
+        return Err(h::bad_request());
+    }
+    Ok(req)
+}
+
+/// Fuzzing entry (`fuzz/fuzz_targets/relay_bodies.rs`): the body checks of `/v1/assign` and
+/// `/v1/resolve` exactly as their handlers run them; `None` for a path this module does not own.
+#[doc(hidden)]
+pub fn decode_body_for_fuzzing(
+    path: &str,
+    bytes: &[u8],
+    regions: &[String],
+) -> Option<Result<(), Response>> {
+    match path {
+        "/v1/assign" => Some(decode_assign(bytes, regions).map(drop)),
+        "/v1/resolve" => Some(decode_resolve(bytes).map(drop)),
+        _ => None,
+    }
+}
+
 /// Which lane ran the work, for log lines.
 #[derive(Clone, Copy)]
 struct Ctx<'a> {
@@ -239,26 +291,9 @@ impl Director {
             Ok(b) => b,
             Err(r) => return r,
         };
-        let req: AssignRequest = match h::parse(&bytes) {
+        let (req, rc) = match decode_assign(&bytes, &self.ctx.config.regions) {
             Ok(r) => r,
             Err(r) => return r,
-        };
-        let regions = &self.ctx.config.regions;
-        if req.v != 1
-            || !crypto::ident::is_relay_host_id(&req.relay_host_id)
-            || req
-                .preferred_region
-                .as_ref()
-                .is_some_and(|r| !regions.contains(r))
-        {
-            return h::bad_request();
-        }
-        let rc = match &req.region_correction {
-            None => None,
-            Some(v) => match crate::rehome::rules::parse_region_correction(v, regions) {
-                Some(a) => Some(a),
-                None => return h::bad_request(),
-            },
         };
         let report = matches!(rc, Some(RegionCorrection::Report(_)));
         if req.relay_host_id != claims.relay_host_id {
@@ -428,16 +463,10 @@ impl Director {
             Ok(b) => b,
             Err(r) => return r,
         };
-        let req: ResolveRequest = match h::parse(&bytes) {
+        let req = match decode_resolve(&bytes) {
             Ok(r) => r,
             Err(r) => return r,
         };
-        if req.v != 1
-            || !crypto::ident::is_relay_host_id(&req.relay_host_id)
-            || !is_b64u32(&req.resume_token)
-        {
-            return h::bad_request();
-        }
         let c = Ctx {
             route: "resolve",
             lane: "none",
