@@ -54,6 +54,8 @@ pub struct Director {
     sweeps: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// The overview's `push` section, when the push role runs in this process.
     push_overview: std::sync::OnceLock<Arc<dyn PushOverview>>,
+    /// `deferred` answers the idle-rehome worker received (the overview's trailing-24 h count).
+    pub rehome_deferred: region::DeferredTally,
 }
 
 impl Director {
@@ -91,6 +93,7 @@ impl Director {
             stop: ctx.child_token(),
             sweeps: Mutex::new(None),
             push_overview: std::sync::OnceLock::new(),
+            rehome_deferred: Default::default(),
             ctx,
         });
         director.register_configured_cells().await?;
