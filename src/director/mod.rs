@@ -14,6 +14,7 @@ pub mod liveness;
 pub mod migrate;
 pub mod placement;
 pub mod region;
+pub mod rehome_worker;
 pub mod rejections;
 pub mod routes;
 pub mod sweeps;
@@ -52,6 +53,8 @@ pub struct Director {
     pub redirect_admission: connect_redirect::RedirectAdmission,
     stop: CancellationToken,
     sweeps: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The idle-rehome worker (§8.3), when it runs.
+    rehome_worker: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// The overview's `push` section, when the push role runs in this process.
     push_overview: std::sync::OnceLock<Arc<dyn PushOverview>>,
     /// `deferred` answers the idle-rehome worker received (the overview's trailing-24 h count).
@@ -92,6 +95,7 @@ impl Director {
             redirect_admission: Default::default(),
             stop: ctx.child_token(),
             sweeps: Mutex::new(None),
+            rehome_worker: Mutex::new(None),
             push_overview: std::sync::OnceLock::new(),
             rehome_deferred: Default::default(),
             ctx,
@@ -99,6 +103,8 @@ impl Director {
         director.register_configured_cells().await?;
         let handle = sweeps::spawn(director.clone(), director.stop.clone());
         *crate::sync::lock(&director.sweeps) = Some(handle);
+        let worker = rehome_worker::spawn(director.clone(), director.stop.clone());
+        *crate::sync::lock(&director.rehome_worker) = worker;
         director.start_outcomes_log();
         Ok(director)
     }
@@ -213,8 +219,11 @@ impl Director {
     /// Stops background loops (sweeps, workers) at shutdown.
     pub async fn shutdown(&self) {
         self.stop.cancel();
-        let handle = crate::sync::lock(&self.sweeps).take();
-        if let Some(h) = handle {
+        let handles = [
+            crate::sync::lock(&self.sweeps).take(),
+            crate::sync::lock(&self.rehome_worker).take(),
+        ];
+        for h in handles.into_iter().flatten() {
             let _ = h.await;
         }
     }

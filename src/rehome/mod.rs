@@ -34,3 +34,25 @@ pub fn cell_facts(c: &CellView, now: i64) -> CellFacts {
         safety_received_at: rt.and_then(|r| r.safety_received_at),
     }
 }
+
+/// A reading of a process's store counters for its safety window (director.md §3.7, §8.3): SQL
+/// failures and reconnects since start-up, pool waiters and wait maxima since the previous
+/// reading, pool size. `recovery_failures` is the caller's own control-activity recovery count
+/// (0 for a director, which recovers no activities).
+///
+/// The wait maxima are taken (reset) by each reading, so in a role-`all` process the director's
+/// and the cell's windows each see part of them; the cell merges the director's safety with its
+/// own field-wise before committing (protocol.md §13 step 7), so together they see every maximum.
+pub fn store_reading(db: &crate::store::Db, recovery_failures: i64) -> rules::SafetyReading {
+    let (sql, reconnects) = db.waits().failure_totals();
+    let (waiters_max, wait_ms_max) = db.waits().take_window_maxima();
+    let p = db.pressure();
+    rules::SafetyReading {
+        totals: [sql as i64, reconnects as i64, recovery_failures],
+        waiting: p.waiting as i64,
+        waiters_max: waiters_max as i64,
+        wait_ms_max: wait_ms_max as i64,
+        pool: db.pool_status().map(|(t, i)| (t as i64, i as i64)),
+        oldest_wait_ms: p.oldest_wait_ms as i64,
+    }
+}

@@ -1140,3 +1140,722 @@ mod tests {
         assert_eq!(u, uuid::Uuid::new_v5(&ATTEMPT_NAMESPACE, name.as_bytes()));
     }
 }
+
+// ---------------------------------------------------------------------------------------------------
+// The director worker (§8.3): poll gates, candidates, answers, the skip list. Pure; the worker in
+// `director::rehome_worker` does the reads, the dispatch and the logging.
+
+/// Poll period: 6 s ± 20 % (§8.3).
+pub const POLL_EVERY_MS: i64 = 6_000;
+/// Hosts read per poll (§8.3).
+pub const PAGE_LIMIT: i64 = 50;
+/// Dispatch timeout (§8.3).
+pub const DISPATCH_TIMEOUT_MS: i64 = 10_000;
+/// Failures of one `attemptId` after which it is skipped, and for how long (§8.3).
+pub const ATTEMPT_SKIP_AFTER: u32 = 3;
+pub const ATTEMPT_SKIP_MS: i64 = 900_000;
+/// Entries the skip list keeps at most (§8.3: bounded memory).
+pub const SKIP_LIST_MAX: usize = 1_000;
+
+/// The jittered wait before the next poll: `POLL_EVERY_MS` × (0.8 + 0.4·`unit`), `unit` in [0, 1).
+pub fn poll_wait_ms(unit: f64) -> i64 {
+    let u = unit.clamp(0.0, 1.0);
+    (POLL_EVERY_MS as f64 * (0.8 + 0.4 * u)) as i64
+}
+
+/// The first closed gate of a poll, in the order of §8.3, or `None` when the walk may start.
+/// `director_safety` is `None` when the process's own safety could not be computed.
+pub fn poll_gate(
+    director_safety: Option<&Safety>,
+    control: &Control,
+    open_idle_migrations: i64,
+    fleet_ok: bool,
+    now: i64,
+) -> Option<&'static str> {
+    if director_safety.is_none_or(|s| !safety_valid(s)) {
+        return Some("process-safety-unavailable");
+    }
+    if !control.enabled || control.not_before > now {
+        return Some("control-closed");
+    }
+    if control.cohort_percent == 0 {
+        return Some("cohort-zero");
+    }
+    if control.paused_until > now || control.next_dispatch_at > now {
+        return Some("budget-closed");
+    }
+    if open_idle_migrations >= MAX_OPEN_IDLE_MIGRATIONS {
+        return Some("concurrency-limit");
+    }
+    if !fleet_ok {
+        return Some("fleet-safety");
+    }
+    None
+}
+
+/// What the worker reads of one host of the page.
+#[derive(Debug, Clone)]
+pub struct HostFacts<'a> {
+    pub user_id: &'a str,
+    pub relay_host_id: &'a str,
+    /// The home cell id and the row's epoch.
+    pub home_cell_id: &'a str,
+    pub assignment_epoch: i64,
+    pub decision: &'a Decision,
+    /// The host's leases (empty for [`prefilter`], which decides without them).
+    pub leases: &'a [Lease],
+    pub open_migration: bool,
+    /// `created_at` of the host's latest attempt.
+    pub latest_attempt_at: Option<i64>,
+}
+
+/// A selected candidate: the exact request to dispatch and where to send it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    pub request: RehomeRequest,
+    pub source_cell_url: String,
+}
+
+/// The checks of §8.3 that need only the page row, the cells and the control: a valid preference
+/// in cohort, a rehome-eligible home in the director's region, and some target. Lets the worker
+/// skip the per-host reads of hosts that cannot be candidates.
+pub fn prefilter(
+    h: &HostFacts<'_>,
+    cells: &[CellFacts],
+    control: &Control,
+    director_region: &str,
+    now: i64,
+) -> bool {
+    home_and_target(h, cells, control, director_region, 1, now).is_some()
+}
+
+fn home_and_target<'a>(
+    h: &HostFacts<'_>,
+    cells: &'a [CellFacts],
+    control: &Control,
+    director_region: &str,
+    units: i64,
+    now: i64,
+) -> Option<(&'a CellFacts, &'a CellFacts)> {
+    let home = cells.iter().find(|c| c.cell_id == h.home_cell_id)?;
+    let d = h.decision;
+    let ok = home.region == director_region
+        && rehome_eligible(home, now)
+        && valid_preference(
+            d,
+            h.assignment_epoch,
+            &home.region,
+            control.preference_max_age_ms,
+            now,
+        )
+        && d.cohort_bucket < control.cohort_percent;
+    if !ok {
+        return None;
+    }
+    let target = choose_target(cells, d.preferred_region.as_deref()?, units, now)?;
+    Some((home, target))
+}
+
+/// The full candidate rule of §8.3: [`prefilter`], exactly one lease (the idle-capable control of
+/// the home's current process), no open migration, no attempt within the cooldown, and a target
+/// with headroom and room for the host's units + 1. Read-only: proves nothing about idleness.
+pub fn candidate(
+    h: &HostFacts<'_>,
+    cells: &[CellFacts],
+    control: &Control,
+    director_region: &str,
+    now: i64,
+) -> Option<Candidate> {
+    let units: i64 = h.leases.iter().map(|l| l.request_units).sum();
+    let (home, target) = home_and_target(h, cells, control, director_region, units, now)?;
+    let generation = idle_control_generation(h.leases, home)?;
+    if h.open_migration
+        || h.latest_attempt_at
+            .is_some_and(|t| t > now - control.host_cooldown_ms)
+    {
+        return None;
+    }
+    let incarnation = home.incarnation.clone()?;
+    Some(Candidate {
+        request: RehomeRequest {
+            attempt_id: attempt_id(
+                h.user_id,
+                h.relay_host_id,
+                &home.cell_id,
+                &incarnation,
+                h.assignment_epoch,
+                generation,
+                &target.cell_id,
+            ),
+            user_id: h.user_id.to_string(),
+            relay_host_id: h.relay_host_id.to_string(),
+            source_cell_id: home.cell_id.clone(),
+            source_cell_incarnation: incarnation,
+            source_assignment_epoch: h.assignment_epoch,
+            source_generation: generation,
+            target_cell_id: target.cell_id.clone(),
+        },
+        source_cell_url: home.cell_url.clone(),
+    })
+}
+
+/// The `host-idle-rehome` body of protocol.md §13 for a candidate.
+pub fn dispatch_body(r: &RehomeRequest, cohort_percent: i64, director_safety: &Safety) -> Json {
+    serde_json::json!({
+        "v": 1,
+        "attemptId": r.attempt_id,
+        "userId": r.user_id,
+        "relayHostId": r.relay_host_id,
+        "sourceCellId": r.source_cell_id,
+        "sourceCellIncarnation": r.source_cell_incarnation,
+        "sourceAssignmentEpoch": r.source_assignment_epoch,
+        "sourceGeneration": r.source_generation,
+        "targetCellId": r.target_cell_id,
+        "cohortPercent": cohort_percent,
+        "directorSafety": director_safety,
+    })
+}
+
+/// Deferral reasons that are global: the worker stops its walk (§8.3).
+pub const STOPPING_DEFERRALS: [&str; 6] = [
+    "control-closed",
+    "budget-closed",
+    "concurrency-limit",
+    "cohort-closed",
+    "fleet-safety",
+    "director-safety-stale",
+];
+
+/// Every deferral reason a cell may send (protocol.md §13).
+const DEFERRAL_REASONS: [&str; 8] = [
+    "control-closed",
+    "budget-closed",
+    "concurrency-limit",
+    "cohort-closed",
+    "fleet-safety",
+    "candidate-ineligible",
+    "host-unsupported",
+    "director-safety-stale",
+];
+
+/// A cell's answer to a dispatch, as the answer table of §8.3 sorts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DispatchAnswer {
+    Committed,
+    /// `deferred` with a global reason: stop the walk.
+    Stop(&'static str),
+    /// `busy`, `stale`, another `deferred`, or 409 `regional_rehome_source_generation_mismatch`:
+    /// try the next candidate. The tag is the summary bucket.
+    Next(&'static str),
+    /// Transport error or timeout: ambiguous, no failure counted.
+    Ambiguous,
+    /// Another status or a malformed body: one failure counted.
+    Failed,
+}
+
+/// Sorts a cell's answer: `status` and the body bytes (strict: exactly `{v:1,outcome}` or
+/// `{v:1,outcome:"deferred",reason}` with a known outcome and reason).
+pub fn classify_answer(status: u16, body: &[u8]) -> DispatchAnswer {
+    let Ok(v) = serde_json::from_slice::<Json>(body) else {
+        return DispatchAnswer::Failed;
+    };
+    let Some(o) = v.as_object() else {
+        return DispatchAnswer::Failed;
+    };
+    if status == 409 {
+        return if o.len() == 1
+            && o.get("error").and_then(Json::as_str)
+                == Some("regional_rehome_source_generation_mismatch")
+        {
+            DispatchAnswer::Next("stale")
+        } else {
+            DispatchAnswer::Failed
+        };
+    }
+    if status != 200 || o.get("v").and_then(Json::as_i64) != Some(1) {
+        return DispatchAnswer::Failed;
+    }
+    let outcome = o.get("outcome").and_then(Json::as_str);
+    let reason = o.get("reason").map(|r| r.as_str());
+    match (outcome, reason, o.len()) {
+        (Some("committed"), None, 2) => DispatchAnswer::Committed,
+        (Some("busy"), None, 2) => DispatchAnswer::Next("busy"),
+        (Some("stale"), None, 2) => DispatchAnswer::Next("stale"),
+        (Some("deferred"), Some(Some(r)), 3) => match DEFERRAL_REASONS.iter().find(|k| **k == r) {
+            Some(k) if STOPPING_DEFERRALS.contains(k) => DispatchAnswer::Stop(k),
+            Some(_) => DispatchAnswer::Next("deferred"),
+            None => DispatchAnswer::Failed,
+        },
+        _ => DispatchAnswer::Failed,
+    }
+}
+
+/// Counted failures per `attemptId` and the attempts skipped after 3 of them, for 15 min. At most
+/// [`SKIP_LIST_MAX`] entries: expired entries go first, then the oldest still counting, then the
+/// oldest skip.
+#[derive(Debug, Default, Clone)]
+pub struct SkipList {
+    /// attemptId → (failures, last failure at, skipped until).
+    entries: std::collections::HashMap<String, (u32, i64, i64)>,
+}
+
+impl SkipList {
+    /// True while `attempt_id` is skipped.
+    pub fn skipped(&self, attempt_id: &str, now: i64) -> bool {
+        self.entries
+            .get(attempt_id)
+            .is_some_and(|(_, _, until)| *until > now)
+    }
+
+    /// Records a counted failure; true when it starts a skip.
+    pub fn failed(&mut self, attempt_id: &str, now: i64) -> bool {
+        if !self.entries.contains_key(attempt_id) && self.entries.len() >= SKIP_LIST_MAX {
+            self.entries
+                .retain(|_, (_, last, until)| *until > now || *last > now - ATTEMPT_SKIP_MS);
+            if self.entries.len() >= SKIP_LIST_MAX {
+                // Counting entries go before running skips, the oldest first.
+                let oldest = self
+                    .entries
+                    .iter()
+                    .min_by_key(|(_, (_, last, until))| (*until > now, *last))
+                    .map(|(k, _)| k.clone());
+                if let Some(k) = oldest {
+                    self.entries.remove(&k);
+                }
+            }
+        }
+        let e = self
+            .entries
+            .entry(attempt_id.to_string())
+            .or_insert((0, now, 0));
+        if e.2 > 0 && e.2 <= now {
+            // A served skip starts the count again.
+            *e = (0, now, 0);
+        }
+        e.0 += 1;
+        e.1 = now;
+        if e.0 >= ATTEMPT_SKIP_AFTER {
+            e.2 = now + ATTEMPT_SKIP_MS;
+            e.0 = 0;
+            return true;
+        }
+        false
+    }
+
+    /// Forgets an attempt that got a definite answer.
+    pub fn answered(&mut self, attempt_id: &str) {
+        self.entries.remove(attempt_id);
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// Per-poll counts of the summary line (§8.3).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PollSummary {
+    pub candidates: usize,
+    pub dispatched: usize,
+    pub committed: usize,
+    pub busy: usize,
+    pub deferred: usize,
+    pub stale: usize,
+    /// Counted failures and ambiguous (timed-out or lost) dispatches.
+    pub failed: usize,
+}
+
+impl PollSummary {
+    /// The fields of `orca_relay_idle_rehome_dispatch_summary` (counts only, never a host).
+    pub fn fields(&self, stopped_by: &str) -> Json {
+        serde_json::json!({
+            "candidates": self.candidates,
+            "dispatched": self.dispatched,
+            "stoppedBy": stopped_by,
+            "outcomes": {
+                "committed": self.committed,
+                "busy": self.busy,
+                "deferred": self.deferred,
+                "stale": self.stale,
+                "failed": self.failed,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod worker_tests {
+    use super::tests::cell;
+    use super::*;
+    use serde_json::json;
+
+    const NOW: i64 = 1_500;
+
+    fn open_control() -> Control {
+        Control {
+            enabled: true,
+            cohort_percent: 100,
+            host_cooldown_ms: 60_000,
+            ..Control::default()
+        }
+    }
+
+    fn clean() -> Safety {
+        Safety {
+            observed_at: NOW,
+            ..Safety::default()
+        }
+    }
+
+    #[test]
+    fn poll_gates_in_spec_order() {
+        let c = open_control();
+        let s = clean();
+        assert_eq!(poll_gate(Some(&s), &c, 0, true, NOW), None);
+        assert_eq!(
+            poll_gate(None, &Control::default(), 9, false, NOW),
+            Some("process-safety-unavailable")
+        );
+        let mut bad = s.clone();
+        bad.database_pool_waiting = 101;
+        assert_eq!(
+            poll_gate(Some(&bad), &c, 0, true, NOW),
+            Some("process-safety-unavailable")
+        );
+        let mut off = c.clone();
+        off.enabled = false;
+        off.cohort_percent = 0;
+        assert_eq!(
+            poll_gate(Some(&s), &off, 9, false, NOW),
+            Some("control-closed")
+        );
+        let mut later = c.clone();
+        later.not_before = NOW + 1;
+        assert_eq!(
+            poll_gate(Some(&s), &later, 0, true, NOW),
+            Some("control-closed")
+        );
+        let mut zero = c.clone();
+        zero.cohort_percent = 0;
+        zero.paused_until = NOW + 1;
+        assert_eq!(
+            poll_gate(Some(&s), &zero, 9, false, NOW),
+            Some("cohort-zero")
+        );
+        let mut paused = c.clone();
+        paused.paused_until = NOW + 1;
+        assert_eq!(
+            poll_gate(Some(&s), &paused, 9, false, NOW),
+            Some("budget-closed")
+        );
+        let mut rate = c.clone();
+        rate.next_dispatch_at = NOW + 1;
+        assert_eq!(
+            poll_gate(Some(&s), &rate, 0, true, NOW),
+            Some("budget-closed")
+        );
+        rate.next_dispatch_at = NOW;
+        assert_eq!(poll_gate(Some(&s), &rate, 0, true, NOW), None, "due now");
+        assert_eq!(
+            poll_gate(Some(&s), &c, 8, false, NOW),
+            Some("concurrency-limit")
+        );
+        assert_eq!(poll_gate(Some(&s), &c, 7, false, NOW), Some("fleet-safety"));
+    }
+
+    #[test]
+    fn poll_wait_is_6s_plus_minus_20_percent() {
+        assert_eq!(poll_wait_ms(0.0), 4_800);
+        assert_eq!(poll_wait_ms(0.5), 6_000);
+        assert!(poll_wait_ms(0.999_999) <= 7_200);
+        assert_eq!(poll_wait_ms(7.0), 7_200, "clamped");
+    }
+
+    fn decision() -> Decision {
+        Decision {
+            generation: 1,
+            assignment_epoch: 3,
+            incumbent_region: "us".into(),
+            policy_version: 1,
+            cohort_bucket: 42,
+            outcome: "conclusive".into(),
+            preferred_region: Some("asia".into()),
+            expires_at: NOW + 1_000,
+            observed_at: Some(NOW - 100),
+        }
+    }
+
+    fn control_lease(generation: i64) -> Lease {
+        Lease {
+            activity_id: format!("control:A:{generation}"),
+            kind: crate::model::LeaseKind::Control,
+            cell_id: "A".into(),
+            request_units: 1,
+            expires_at: NOW + 60_000,
+            control_generation: Some(generation),
+            cell_incarnation: Some("inc".into()),
+            idle_regional_rehome: true,
+            renewed_at: Some(10),
+        }
+    }
+
+    fn cells() -> Vec<CellFacts> {
+        let mut b = cell("B", "asia");
+        b.reserved_requests = 10;
+        vec![cell("A", "us"), b, cell("C", "asia")]
+    }
+
+    fn facts<'a>(d: &'a Decision, leases: &'a [Lease]) -> HostFacts<'a> {
+        HostFacts {
+            user_id: "u",
+            relay_host_id: "h",
+            home_cell_id: "A",
+            assignment_epoch: 3,
+            decision: d,
+            leases,
+            open_migration: false,
+            latest_attempt_at: None,
+        }
+    }
+
+    #[test]
+    fn a_candidate_carries_the_exact_request() {
+        let d = decision();
+        let leases = [control_lease(7)];
+        let c = candidate(&facts(&d, &leases), &cells(), &open_control(), "us", NOW)
+            .expect("candidate");
+        assert_eq!(c.source_cell_url, "https://A.test");
+        let r = &c.request;
+        assert_eq!(
+            (
+                r.source_cell_id.as_str(),
+                r.source_cell_incarnation.as_str(),
+                r.source_assignment_epoch,
+                r.source_generation,
+                r.target_cell_id.as_str()
+            ),
+            ("A", "inc", 3, 7, "C"),
+            "C is less loaded than B"
+        );
+        assert_eq!(r.attempt_id, attempt_id("u", "h", "A", "inc", 3, 7, "C"));
+        assert!(prefilter(
+            &facts(&d, &[]),
+            &cells(),
+            &open_control(),
+            "us",
+            NOW
+        ));
+    }
+
+    #[test]
+    fn every_candidate_condition_excludes() {
+        let d = decision();
+        let leases = [control_lease(7)];
+        let ctl = open_control();
+        let cs = cells();
+        let none = |f: &HostFacts<'_>, cs: &[CellFacts], ctl: &Control, region: &str| {
+            candidate(f, cs, ctl, region, NOW).is_none()
+        };
+        // Another director region.
+        assert!(none(&facts(&d, &leases), &cs, &ctl, "asia"));
+        // Home not rehome-eligible (protocol 2), or unknown.
+        let mut p2 = cs.clone();
+        p2[0].protocol = 2;
+        assert!(none(&facts(&d, &leases), &p2, &ctl, "us"));
+        let mut unknown = facts(&d, &leases);
+        unknown.home_cell_id = "Z";
+        assert!(none(&unknown, &cs, &ctl, "us"));
+        // Decision: other epoch, inconclusive, expired, too old, same region, bucket ≥ cohort.
+        let mut epoch = facts(&d, &leases);
+        epoch.assignment_epoch = 4;
+        assert!(none(&epoch, &cs, &ctl, "us"));
+        for f in [
+            (|d: &mut Decision| d.outcome = "inconclusive".into()) as fn(&mut Decision),
+            |d| d.expires_at = NOW,
+            |d| d.observed_at = Some(NOW - 86_400_001),
+            |d| d.preferred_region = Some("us".into()),
+            |d| d.policy_version = 2,
+        ] {
+            let mut dd = decision();
+            f(&mut dd);
+            assert!(none(&facts(&dd, &leases), &cs, &ctl, "us"), "{dd:?}");
+            assert!(!prefilter(&facts(&dd, &[]), &cs, &ctl, "us", NOW));
+        }
+        let mut cohort = ctl.clone();
+        cohort.cohort_percent = 42;
+        assert!(
+            none(&facts(&d, &leases), &cs, &cohort, "us"),
+            "bucket 42 ≥ 42"
+        );
+        cohort.cohort_percent = 43;
+        assert!(!none(&facts(&d, &leases), &cs, &cohort, "us"));
+        // Leases: none, two, a splice, another incarnation.
+        assert!(none(&facts(&d, &[]), &cs, &ctl, "us"));
+        let two = [control_lease(7), control_lease(8)];
+        assert!(none(&facts(&d, &two), &cs, &ctl, "us"));
+        let mut other = control_lease(7);
+        other.cell_incarnation = Some("old".into());
+        assert!(none(&facts(&d, &[other]), &cs, &ctl, "us"));
+        // Open migration; an attempt within the cooldown (but not one just outside it).
+        let mut mig = facts(&d, &leases);
+        mig.open_migration = true;
+        assert!(none(&mig, &cs, &ctl, "us"));
+        let mut recent = facts(&d, &leases);
+        recent.latest_attempt_at = Some(NOW - 59_999);
+        assert!(none(&recent, &cs, &ctl, "us"));
+        recent.latest_attempt_at = Some(NOW - 60_000);
+        assert!(!none(&recent, &cs, &ctl, "us"));
+        // No target: the preferred region's cells are full, without headroom or not eligible.
+        let mut full = cs.clone();
+        full[1].reserved_requests = 99;
+        full[2].headroom = false;
+        assert!(none(&facts(&d, &leases), &full, &ctl, "us"));
+        assert!(!prefilter(&facts(&d, &[]), &full, &ctl, "us", NOW));
+        let mut dirty = cs.clone();
+        dirty[1].live = false;
+        dirty[2].safety_received_at = Some(NOW - SAFETY_CURRENT_MS);
+        assert!(none(&facts(&d, &leases), &dirty, &ctl, "us"));
+    }
+
+    #[test]
+    fn the_answer_table() {
+        use DispatchAnswer::*;
+        let ok = |b: &str| classify_answer(200, b.as_bytes());
+        assert_eq!(ok(r#"{"v":1,"outcome":"committed"}"#), Committed);
+        assert_eq!(ok(r#"{"v":1,"outcome":"busy"}"#), Next("busy"));
+        assert_eq!(ok(r#"{"v":1,"outcome":"stale"}"#), Next("stale"));
+        for r in STOPPING_DEFERRALS {
+            assert_eq!(
+                ok(&format!(r#"{{"v":1,"outcome":"deferred","reason":"{r}"}}"#)),
+                Stop(r)
+            );
+        }
+        for r in ["candidate-ineligible", "host-unsupported"] {
+            assert_eq!(
+                ok(&format!(r#"{{"v":1,"outcome":"deferred","reason":"{r}"}}"#)),
+                Next("deferred")
+            );
+        }
+        assert_eq!(
+            classify_answer(
+                409,
+                br#"{"error":"regional_rehome_source_generation_mismatch"}"#
+            ),
+            Next("stale")
+        );
+        // Everything else is a counted failure.
+        for (status, body) in [
+            (500, r#"{"error":"internal"}"#),
+            (503, r#"{"error":"database_temporarily_unavailable"}"#),
+            (409, r#"{"error":"other"}"#),
+            (401, r#"{"error":"invalid_token"}"#),
+            (200, "not json"),
+            (200, "[]"),
+            (200, r#"{"v":2,"outcome":"committed"}"#),
+            (200, r#"{"v":1,"outcome":"moved"}"#),
+            (200, r#"{"v":1,"outcome":"committed","x":1}"#),
+            (200, r#"{"v":1,"outcome":"busy","reason":"x"}"#),
+            (200, r#"{"v":1,"outcome":"deferred"}"#),
+            (200, r#"{"v":1,"outcome":"deferred","reason":"sunspots"}"#),
+            (200, r#"{"v":1,"outcome":"deferred","reason":null}"#),
+            (204, ""),
+        ] {
+            assert_eq!(
+                classify_answer(status, body.as_bytes()),
+                Failed,
+                "{status} {body}"
+            );
+        }
+    }
+
+    #[test]
+    fn skip_after_three_failures_for_15_min() {
+        let mut s = SkipList::default();
+        assert!(!s.failed("a", 0));
+        assert!(!s.failed("a", 1));
+        assert!(!s.skipped("a", 2));
+        assert!(s.failed("a", 2), "third failure starts the skip");
+        assert!(s.skipped("a", 2 + ATTEMPT_SKIP_MS - 1));
+        assert!(!s.skipped("a", 2 + ATTEMPT_SKIP_MS));
+        assert!(!s.failed("a", 2 + ATTEMPT_SKIP_MS), "counting starts again");
+        // A definite answer forgets the failures.
+        s.failed("b", 0);
+        s.failed("b", 0);
+        s.answered("b");
+        assert!(!s.failed("b", 0));
+    }
+
+    #[test]
+    fn skip_list_is_bounded() {
+        let mut s = SkipList::default();
+        for i in 0..(SKIP_LIST_MAX as i64 + 500) {
+            s.failed(&format!("a{i}"), i);
+        }
+        assert_eq!(s.len(), SKIP_LIST_MAX);
+        // A skipped entry survives new failures when older unskipped ones can go.
+        let mut s = SkipList::default();
+        for _ in 0..3 {
+            s.failed("keep", 0);
+        }
+        for i in 0..(SKIP_LIST_MAX as i64 * 2) {
+            s.failed(&format!("x{i}"), 1 + i);
+        }
+        assert_eq!(s.len(), SKIP_LIST_MAX);
+        assert!(s.skipped("keep", 3_000));
+    }
+
+    #[test]
+    fn dispatch_body_is_the_section_13_body() {
+        let r = RehomeRequest {
+            attempt_id: attempt_id("u", "h", "A", "inc", 3, 7, "C"),
+            user_id: "u".into(),
+            relay_host_id: "h".into(),
+            source_cell_id: "A".into(),
+            source_cell_incarnation: "inc".into(),
+            source_assignment_epoch: 3,
+            source_generation: 7,
+            target_cell_id: "C".into(),
+        };
+        let b = dispatch_body(&r, 100, &clean());
+        let mut keys: Vec<&str> = b.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "attemptId",
+                "cohortPercent",
+                "directorSafety",
+                "relayHostId",
+                "sourceAssignmentEpoch",
+                "sourceCellId",
+                "sourceCellIncarnation",
+                "sourceGeneration",
+                "targetCellId",
+                "userId",
+                "v"
+            ]
+        );
+        assert_eq!(b["directorSafety"]["observedAt"], json!(NOW));
+        assert!(b["directorSafety"].get("databasePoolTotal").is_none());
+    }
+
+    #[test]
+    fn summary_holds_counts_only() {
+        let s = PollSummary {
+            candidates: 3,
+            dispatched: 2,
+            busy: 1,
+            committed: 1,
+            ..PollSummary::default()
+        };
+        assert_eq!(
+            s.fields("committed"),
+            json!({"candidates":3,"dispatched":2,"stoppedBy":"committed",
+                "outcomes":{"committed":1,"busy":1,"deferred":0,"stale":0,"failed":0}})
+        );
+    }
+}

@@ -33,6 +33,11 @@ const SQLITE: &[Migration] = &[
         name: "push",
         sql: include_str!("../../sql/sqlite/0002_push.sql"),
     },
+    Migration {
+        version: 3,
+        name: "rehome-worker",
+        sql: include_str!("../../sql/sqlite/0003_rehome_worker.sql"),
+    },
 ];
 
 const POSTGRES: &[Migration] = &[
@@ -45,6 +50,11 @@ const POSTGRES: &[Migration] = &[
         version: 2,
         name: "push",
         sql: include_str!("../../sql/postgres/0002_push.sql"),
+    },
+    Migration {
+        version: 3,
+        name: "rehome-worker",
+        sql: include_str!("../../sql/postgres/0003_rehome_worker.sql"),
     },
 ];
 

@@ -701,3 +701,38 @@ pub async fn outcome_counts(db: &Db, since: i64) -> Result<OutcomeCounts, DbErro
             .collect(),
     })
 }
+
+// ---------------------------------------------------------------------------------------------------
+// The worker lease (single-flight across directors)
+
+/// Takes or renews the worker lease for `holder` until `expires_at` when it is free, expired or
+/// already `holder`'s; one statement, so two directors cannot both win. True when `holder` holds it.
+pub async fn take_worker_lease(
+    db: &Db,
+    holder: &str,
+    expires_at: i64,
+    now: i64,
+) -> Result<bool, DbError> {
+    let n = db
+        .execute(
+            "INSERT INTO relay_region_rehome_worker_lease (lease_id, holder, expires_at, updated_at) \
+             VALUES ('global', $1, $2, $3) ON CONFLICT (lease_id) DO UPDATE SET holder = excluded.holder, \
+             expires_at = excluded.expires_at, updated_at = excluded.updated_at \
+             WHERE relay_region_rehome_worker_lease.holder = excluded.holder \
+             OR relay_region_rehome_worker_lease.expires_at <= $3",
+            params![holder, expires_at, now],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// Gives the lease up if `holder` has it (the next director need not wait for its expiry).
+pub async fn release_worker_lease(db: &Db, holder: &str, now: i64) -> Result<(), DbError> {
+    db.execute(
+        "UPDATE relay_region_rehome_worker_lease SET expires_at = $2, updated_at = $2 \
+         WHERE lease_id = 'global' AND holder = $1",
+        params![holder, now],
+    )
+    .await?;
+    Ok(())
+}
