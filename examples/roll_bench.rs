@@ -219,7 +219,8 @@ async fn main() {
     }
     let rolls = rolls_started.elapsed();
     sampler_stop.store(true, Ordering::SeqCst);
-    let (samples, violations) = sampler.await.unwrap();
+    let seen = sampler.await.unwrap();
+    let (samples, violations) = (seen.samples, seen.violations);
     sup_stop.store(true, Ordering::SeqCst);
     let restarts: u32 = sups.into_iter().map(|h| h.join().unwrap()).sum();
     stop.store(true, Ordering::SeqCst);
@@ -266,6 +267,10 @@ async fn main() {
     println!(
         "roll_bench: double-serving samples {} of {samples}, epochs only increase: {epochs_ok}",
         violations.len()
+    );
+    println!(
+        "roll_bench: host-samples with a stopped incarnation's unexpired lease (not serving): {}",
+        seen.stale_leases
     );
     for v in violations.iter().take(5) {
         println!("  {v}");

@@ -641,47 +641,91 @@ pub async fn run_host(
     }
 }
 
-/// The invariant sampler: every `every`, the hosts whose unexpired control leases sit on more
-/// than one cell (never two processes serving one host). Returns (samples, violations) at stop.
+/// What the invariant sampler saw.
+#[derive(Default, Debug)]
+pub struct Samples {
+    pub samples: u64,
+    /// Hosts whose unexpired, activated control leases held by the cells' *current* incarnations
+    /// (running processes) sit on two cells: double serving. Must stay empty.
+    pub violations: Vec<String>,
+    /// Hosts with unexpired control leases on two cells where one belongs to an incarnation that
+    /// is no longer the cell's runtime (a stopped process whose release did not land: no process
+    /// serves through it, it expires with its lease). Counted, not a violation.
+    pub stale_leases: u64,
+}
+
+/// The invariant sampler: every `every`, [`double_served`]. Returns what it saw at stop.
 pub fn start_sampler(
     db: Db,
     every: Duration,
     stop: Arc<AtomicBool>,
-) -> tokio::task::JoinHandle<(u64, Vec<String>)> {
+) -> tokio::task::JoinHandle<Samples> {
     tokio::spawn(async move {
-        let mut samples = 0u64;
-        let mut bad = Vec::new();
+        let mut out = Samples::default();
         while !stop.load(Ordering::SeqCst) {
-            bad.extend(double_served(&db).await);
-            samples += 1;
+            let (live, stale) = double_served(&db).await;
+            out.violations.extend(live);
+            out.stale_leases += stale;
+            out.samples += 1;
             tokio::time::sleep(every).await;
         }
-        (samples, bad)
+        out
     })
 }
 
-/// Hosts with live (unexpired, activated) control leases on two cells right now, by digest.
-pub async fn double_served(db: &Db) -> Vec<String> {
+/// Hosts with unexpired activated control leases on two cells right now: `(violations, stale)`.
+/// A violation names the host by digest with its leases (cell, incarnation prefix, generation,
+/// ms to expiry); `stale` counts hosts whose second cell's lease is of a stopped incarnation.
+pub async fn double_served(db: &Db) -> (Vec<String>, u64) {
     let now = orca_relay::clock::now_ms();
-    db.query(
-        "SELECT relay_host_id, COUNT(DISTINCT cell_id) FROM relay_assignment_activity_leases \
-         WHERE activity_kind = 'control' AND activity_id NOT LIKE 'control-pending:%' AND expires_at > $1 \
-         GROUP BY user_id, relay_host_id HAVING COUNT(DISTINCT cell_id) > 1",
-        orca_relay::params![now],
-    )
-    .await
-    .map(|rows| {
-        rows.iter()
-            .map(|r| {
-                format!(
-                    "host {} on {} cells",
-                    orca_relay::logging::digest(&r.str(0)),
-                    r.i64(1)
-                )
-            })
-            .collect()
-    })
-    .unwrap_or_default()
+    let rows = db
+        .query(
+            "SELECT l.user_id, l.relay_host_id, l.cell_id, COALESCE(l.cell_incarnation, ''), \
+             COALESCE(l.control_generation, 0), l.expires_at - $1, \
+             CASE WHEN r.cell_incarnation = l.cell_incarnation THEN 1 ELSE 0 END \
+             FROM relay_assignment_activity_leases l \
+             LEFT JOIN relay_cell_runtime r ON r.cell_id = l.cell_id \
+             WHERE l.activity_kind = 'control' AND l.activity_id NOT LIKE 'control-pending:%' \
+             AND l.expires_at > $1 AND (l.user_id, l.relay_host_id) IN ( \
+               SELECT user_id, relay_host_id FROM relay_assignment_activity_leases \
+               WHERE activity_kind = 'control' AND activity_id NOT LIKE 'control-pending:%' \
+               AND expires_at > $1 GROUP BY user_id, relay_host_id HAVING COUNT(DISTINCT cell_id) > 1) \
+             ORDER BY l.user_id, l.relay_host_id, l.cell_id",
+            orca_relay::params![now],
+        )
+        .await
+        .unwrap_or_default();
+    let mut by_host: BTreeMap<(String, String), Vec<(String, String, i64, i64, bool)>> =
+        BTreeMap::new();
+    for r in &rows {
+        by_host.entry((r.str(0), r.str(1))).or_default().push((
+            r.str(2),
+            r.str(3).chars().take(8).collect(),
+            r.i64(4),
+            r.i64(5),
+            r.i64(6) == 1,
+        ));
+    }
+    let mut violations = Vec::new();
+    let mut stale = 0;
+    for ((_, host), leases) in by_host {
+        let mut live_cells: Vec<&str> = leases
+            .iter()
+            .filter(|l| l.4)
+            .map(|l| l.0.as_str())
+            .collect();
+        live_cells.dedup();
+        if live_cells.len() > 1 {
+            violations.push(format!(
+                "host {}: {:?}",
+                orca_relay::logging::digest(&host),
+                leases
+            ));
+        } else {
+            stale += 1;
+        }
+    }
+    (violations, stale)
 }
 
 /// Epochs a host was granted only ever increase.
