@@ -83,7 +83,7 @@ fn raise_nofile() -> u64 {
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
         r.rlim_cur = r.rlim_max;
         libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-        r.rlim_cur as u64
+        r.rlim_cur
     }
 }
 
@@ -113,7 +113,9 @@ async fn main() {
     let a = Args::parse();
     let nofile = raise_nofile();
     let Some(t) = TestDb::postgres().await else {
-        eprintln!("roll_bench needs ORCA_RELAY_TEST_POSTGRES_URL (a Postgres it may create schemas in)");
+        eprintln!(
+            "roll_bench needs ORCA_RELAY_TEST_POSTGRES_URL (a Postgres it may create schemas in)"
+        );
         std::process::exit(2);
     };
     let bin = bin();
@@ -154,12 +156,7 @@ async fn main() {
         let stats = stats.clone();
         async move { stats.iter().all(|s| s.lock().unwrap().connected) }
     };
-    wait_until(
-        "every host connected",
-        Duration::from_secs(180),
-        connected,
-    )
-    .await;
+    wait_until("every host connected", Duration::from_secs(180), connected).await;
     let ramp = started.elapsed();
     // Only what happens during the rolls counts: forget the ramp's refusals and downs.
     for s in &stats {
@@ -187,7 +184,11 @@ async fn main() {
         a.directors
     );
     let sampler_stop = Arc::new(AtomicBool::new(false));
-    let sampler = start_sampler(t.db.clone(), Duration::from_millis(200), sampler_stop.clone());
+    let sampler = start_sampler(
+        t.db.clone(),
+        Duration::from_millis(200),
+        sampler_stop.clone(),
+    );
     let sup_stop = Arc::new(AtomicBool::new(false));
     let sups: Vec<_> = fleet
         .cells

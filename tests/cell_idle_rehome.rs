@@ -373,10 +373,7 @@ async fn p41_idle_host_is_committed_and_closed() {
                 "{what} names the host: {text}"
             );
         }
-        assert!(
-            capture::count() > 0,
-            "the capture sees the server's lines"
-        );
+        assert!(capture::count() > 0, "the capture sees the server's lines");
         assert!(
             !capture::lines_with("orca_relay_idle_rehome_source_outcome").is_empty(),
             "the attempt was logged"
@@ -499,7 +496,11 @@ async fn p43_evacuated_host_is_closed_by_the_old_cell() {
         );
         assert!(within < Duration::from_secs(50), "{within:?}");
         let again = host.connect_with(&s, &host.hello()).await;
-        assert_eq!(again.err().map(|e| e.0), Some(4409), "hello at the old epoch");
+        assert_eq!(
+            again.err().map(|e| e.0),
+            Some(4409),
+            "hello at the old epoch"
+        );
         s.running.shutdown().await;
     }
 }
@@ -542,7 +543,10 @@ async fn commit_cut_keeps_the_gate_closed_until_reconcile() {
     );
     // Reconcile keeps failing (100 ms doubling): the gate stays closed and the attempt unanswered.
     tokio::time::sleep(Duration::from_millis(2_000)).await;
-    assert!(cell.idle_gate_closed(&key), "gate closed while the store is cut");
+    assert!(
+        cell.idle_gate_closed(&key),
+        "gate closed while the store is cut"
+    );
     assert!(!held.is_finished(), "no answer without the store");
     proxy.resume();
     let (st, answer) = tokio::time::timeout(Duration::from_secs(20), held)
@@ -552,19 +556,16 @@ async fn commit_cut_keeps_the_gate_closed_until_reconcile() {
     assert_eq!(st, 200, "{answer}");
     assert_eq!(answer, json!({"v":1,"outcome":"deferred"}), "not committed");
     assert!(!cell.idle_gate_closed(&key), "the gate reopens");
-    let attempts = t
-        .db
-        .query("SELECT COUNT(*) FROM relay_region_rehome_attempts", &[])
-        .await
-        .unwrap();
-    let migrations = t
-        .db
-        .query("SELECT COUNT(*) FROM relay_assignment_migrations", &[])
-        .await
-        .unwrap();
-    let home = t
-        .db
-        .query(
+    let attempts =
+        t.db.query("SELECT COUNT(*) FROM relay_region_rehome_attempts", &[])
+            .await
+            .unwrap();
+    let migrations =
+        t.db.query("SELECT COUNT(*) FROM relay_assignment_migrations", &[])
+            .await
+            .unwrap();
+    let home =
+        t.db.query(
             "SELECT cell_id, assignment_epoch FROM relay_assignments WHERE user_id = 'alice'",
             &[],
         )

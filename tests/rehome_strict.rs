@@ -23,7 +23,11 @@ const UUID_A: &str = "0a1c5a9b-197b-4ea8-b6f1-f3bcaa3d712c";
 const UUID_B: &str = "00000000-0000-4000-8000-00000000000c";
 
 fn cluster(sub: &str) -> String {
-    orca_relay::crypto::jwt::mint_cluster_token(CLUSTER.as_bytes(), sub, orca_relay::clock::now_ms())
+    orca_relay::crypto::jwt::mint_cluster_token(
+        CLUSTER.as_bytes(),
+        sub,
+        orca_relay::clock::now_ms(),
+    )
 }
 
 async fn post_raw(url: &str, bearer: Option<&str>, body: String) -> (u16, Value) {
@@ -233,8 +237,14 @@ async fn host_idle_rehome_body_is_strict() {
         ("directorSafety.observedAt", vec![json!(-1)]),
         ("directorSafety.sqlFailures", vec![json!(-1)]),
         ("directorSafety.reconnects", vec![json!(-1)]),
-        ("directorSafety.controlActivityRecoveryFailures", vec![json!(-1)]),
-        ("directorSafety.databasePoolWaiting", vec![json!(-1), json!(101)]),
+        (
+            "directorSafety.controlActivityRecoveryFailures",
+            vec![json!(-1)],
+        ),
+        (
+            "directorSafety.databasePoolWaiting",
+            vec![json!(-1), json!(101)],
+        ),
         ("directorSafety.databasePoolWaitersMax", vec![json!(-1)]),
         ("directorSafety.databasePoolWaitMsMax", vec![json!(-1)]),
         ("directorSafety.databasePoolTotal", vec![json!(-1)]),
@@ -290,7 +300,10 @@ async fn regional_rehome_control_body_is_strict() {
         ("expectedGeneration", vec![json!(-1), json!(MAX_SAFE + 1)]),
         ("ratePerMinute", vec![json!(0), json!(121)]),
         ("cohortPercent", vec![json!(-1), json!(101)]),
-        ("hostCooldownMs", vec![json!(59_999), json!(2_592_000_001i64)]),
+        (
+            "hostCooldownMs",
+            vec![json!(59_999), json!(2_592_000_001i64)],
+        ),
         (
             "preferenceMaxAgeMs",
             vec![json!(59_999), json!(2_592_000_001i64)],

@@ -89,7 +89,11 @@ impl Node {
         });
         if rx.recv_timeout(Duration::from_secs(30)).is_err() {
             let _ = child.kill();
-            panic!("{} did not start: {:?}", self.name, self.log.lock().unwrap());
+            panic!(
+                "{} did not start: {:?}",
+                self.name,
+                self.log.lock().unwrap()
+            );
         }
         self.child = Some(child);
     }
@@ -603,14 +607,9 @@ pub async fn run_host(
         }
         if plan.splice {
             if let Ok(invite) = control.create_invite("r1", "d1").await {
-                if let Ok(pair) = testkit::pair_phone(
-                    &grant.0,
-                    &mut control,
-                    &host.relay_host_id,
-                    &invite,
-                    &[],
-                )
-                .await
+                if let Ok(pair) =
+                    testkit::pair_phone(&grant.0, &mut control, &host.relay_host_id, &invite, &[])
+                        .await
                 {
                     stats.lock().unwrap().splices += 1;
                     held.push(drain_socket(pair.phone));
@@ -673,6 +672,10 @@ pub fn start_sampler(
     })
 }
 
+/// One control lease seen: (cell, incarnation prefix, generation, ms to expiry, of the current
+/// incarnation).
+type LeaseSeen = (String, String, i64, i64, bool);
+
 /// Hosts with unexpired activated control leases on two cells right now: `(violations, stale)`.
 /// A violation names the host by digest with its leases (cell, incarnation prefix, generation,
 /// ms to expiry); `stale` counts hosts whose second cell's lease is of a stopped incarnation.
@@ -695,8 +698,7 @@ pub async fn double_served(db: &Db) -> (Vec<String>, u64) {
         )
         .await
         .unwrap_or_default();
-    let mut by_host: BTreeMap<(String, String), Vec<(String, String, i64, i64, bool)>> =
-        BTreeMap::new();
+    let mut by_host: BTreeMap<(String, String), Vec<LeaseSeen>> = BTreeMap::new();
     for r in &rows {
         by_host.entry((r.str(0), r.str(1))).or_default().push((
             r.str(2),
