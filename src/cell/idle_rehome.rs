@@ -154,6 +154,21 @@ impl Drop for IdleToken {
     }
 }
 
+/// A gate held by [`Cell::hold_idle_gate`]; dropping it reopens the gate.
+#[cfg(feature = "test-clock")]
+pub struct GateHold {
+    cell: Arc<Cell>,
+    relay_host_id: String,
+    _done: watch::Sender<Option<Answer>>,
+}
+
+#[cfg(feature = "test-clock")]
+impl Drop for GateHold {
+    fn drop(&mut self) {
+        self.cell.idle().attempts.remove(&self.relay_host_id);
+    }
+}
+
 impl Cell {
     fn idle(&self) -> std::sync::MutexGuard<'_, IdleRehome> {
         crate::sync::lock(&self.idle)
@@ -174,6 +189,40 @@ impl Cell {
         Some(IdleToken {
             idle: self.idle.clone(),
             relay_host_id: key.relay_host_id.clone(),
+        })
+    }
+
+    /// Closes `key`'s admission gate exactly as a registered attempt does, without a commit,
+    /// until the guard drops. Test support only (compiled with the crate's `test-clock` test
+    /// feature): it lets P-42 reach the data-leg refusal, which a real attempt only meets in the
+    /// race between a `conn-open` and the registration, because registering requires the host to
+    /// have no pending connection. `None` when an attempt already holds the gate.
+    #[cfg(feature = "test-clock")]
+    pub fn hold_idle_gate(self: &Arc<Self>, key: &HostKey, attempt_id: &str) -> Option<GateHold> {
+        let authority = Authority {
+            user_id: key.user_id.clone(),
+            epoch: 0,
+            generation: 0,
+            incarnation: self.ctx.incarnation.clone(),
+            target: String::new(),
+        };
+        let mut g = self.idle();
+        if g.gate_closed(&key.relay_host_id) {
+            return None;
+        }
+        let (tx, rx) = watch::channel(None);
+        g.attempts.insert(
+            key.relay_host_id.clone(),
+            Running {
+                attempt_id: attempt_id.to_string(),
+                authority,
+                done: rx,
+            },
+        );
+        Some(GateHold {
+            cell: self.clone(),
+            relay_host_id: key.relay_host_id.clone(),
+            _done: tx,
         })
     }
 
@@ -215,15 +264,11 @@ struct Body {
     director_safety: Safety,
 }
 
-/// Strict schema: exactly the documented keys and types, `null` nowhere (also not for the
-/// optional safety fields).
+/// Strict schema through the one strict decoder (`contract::strict`): an object with exactly the
+/// documented keys and types at every depth, no `null` anywhere (also not for the optional safety
+/// fields), no duplicate keys; then the documented ranges.
 fn parse_body(bytes: &[u8]) -> Option<Body> {
-    let v: Json = serde_json::from_slice(bytes).ok()?;
-    let s = v.as_object()?.get("directorSafety")?.as_object()?;
-    if s.values().any(Json::is_null) {
-        return None;
-    }
-    let b: Body = serde_json::from_value(v).ok()?;
+    let b: Body = crate::contract::strict::from_slice(bytes).ok()?;
     let len = |s: &str| (1..=128).contains(&s.chars().count());
     let ok = b.v == 1
         && is_uuid(&b.attempt_id)

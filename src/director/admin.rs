@@ -26,7 +26,8 @@ use crate::model::HostKey;
 use crate::store::cells::{self, CellError, CellSpec, Reader, Which};
 use crate::store::{migrations, overview, Db, DbError};
 
-/// The overview's window for regional-rehome attempts (operations.md §3: the last 24 h).
+/// The overview's window for regional-rehome attempts (operations.md §3: the last 24 h, the
+/// window of director.md §8.6).
 const OVERVIEW_WINDOW_MS: i64 = 86_400_000;
 
 pub fn routes(d: Arc<Director>) -> BoxedFilter<(Response,)> {
@@ -644,8 +645,12 @@ impl Director {
         let total = rows.len() as i64;
         let dormant = rows.iter().filter(|r| dormant(r, now)).count() as i64;
         let open = overview::open_migration_count(db).await?;
-        let since = now - OVERVIEW_WINDOW_MS;
-        let (committed, aborted) = overview::rehome_attempts_since(db, since).await?;
+        // The same trailing-24 h attempt counts as the control route's `outcomes` (director.md
+        // §8.6): `committed` = attempts committed in the window, `aborted` summed over reasons.
+        let outcomes = crate::store::region::outcome_counts(db, now - OVERVIEW_WINDOW_MS).await?;
+        let committed = outcomes.committed;
+        let aborted: i64 = outcomes.aborted.iter().map(|(_, n)| n).sum();
+        let deferred = self.rehome_deferred.since(now);
         let enabled = overview::rehome_enabled(db).await?;
         let mut out = json!({
             "v": 1,
@@ -653,7 +658,7 @@ impl Director {
             "cells": cells,
             "assignments": {"total": total, "active": total - dormant, "dormant": dormant},
             "migrations": {"open": open},
-            "regionalRehome": {"enabled": enabled, "committed": committed, "deferred": 0, "aborted": aborted},
+            "regionalRehome": {"enabled": enabled, "committed": committed, "deferred": deferred, "aborted": aborted},
         });
         // `push` only when that role runs in this process (operations.md §3): `server.rs` attaches
         // it then.

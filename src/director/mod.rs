@@ -57,6 +57,8 @@ pub struct Director {
     rehome_worker: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// The overview's `push` section, when the push role runs in this process.
     push_overview: std::sync::OnceLock<Arc<dyn PushOverview>>,
+    /// `deferred` answers the idle-rehome worker received (the overview's trailing-24 h count).
+    pub rehome_deferred: region::DeferredTally,
 }
 
 impl Director {
@@ -95,6 +97,7 @@ impl Director {
             sweeps: Mutex::new(None),
             rehome_worker: Mutex::new(None),
             push_overview: std::sync::OnceLock::new(),
+            rehome_deferred: Default::default(),
             ctx,
         });
         director.register_configured_cells().await?;

@@ -3,7 +3,7 @@
 //! `regionDecision` and the periodic outcomes line. The rules and transactions are in
 //! `crate::rehome`.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use http::StatusCode;
 use serde_json::{json, Value as Json};
@@ -19,6 +19,49 @@ use crate::{clock, logging};
 
 /// Interval of the `orca_relay_region_correction_outcomes` line (§8.6).
 pub const OUTCOMES_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Window of the worker's in-memory `deferred` count shown by the overview (operations.md §3).
+pub const DEFERRED_WINDOW_MS: i64 = 86_400_000;
+/// Bucket width of that count: 24 h in 1 440 one-minute buckets, so the memory is bounded however
+/// many answers arrive.
+const BUCKET_MS: i64 = 60_000;
+const BUCKETS: usize = (DEFERRED_WINDOW_MS / BUCKET_MS) as usize;
+
+/// The `deferred` answers this process's idle-rehome worker received in the trailing 24 h
+/// (operations.md §3 `regionalRehome.deferred`: in memory, per process, lost on restart). The
+/// worker calls [`DeferredTally::record`] for every `deferred` answer of a cell; the overview reads
+/// [`DeferredTally::since`]. Counted per minute: an answer leaves the count between 24 h and
+/// 24 h + 1 min after it arrived.
+#[derive(Default)]
+pub struct DeferredTally {
+    /// `(minute, count)` in arrival order, at most [`BUCKETS`] + 1 entries.
+    buckets: Mutex<std::collections::VecDeque<(i64, u64)>>,
+}
+
+impl DeferredTally {
+    /// One `deferred` answer at `now` (ms).
+    pub fn record(&self, now: i64) {
+        let minute = now.div_euclid(BUCKET_MS);
+        let mut b = crate::sync::lock(&self.buckets);
+        match b.back_mut() {
+            Some((m, n)) if *m == minute => *n += 1,
+            _ => b.push_back((minute, 1)),
+        }
+        while b.len() > BUCKETS + 1 {
+            b.pop_front();
+        }
+    }
+
+    /// The answers of the trailing window ending at `now`.
+    pub fn since(&self, now: i64) -> u64 {
+        let oldest = (now - DEFERRED_WINDOW_MS).div_euclid(BUCKET_MS);
+        crate::sync::lock(&self.buckets)
+            .iter()
+            .filter(|(m, _)| *m >= oldest)
+            .map(|(_, n)| n)
+            .sum()
+    }
+}
 
 /// Logs the events a rehome service returned (after its commit).
 pub fn log_events(events: Vec<Event>) {
@@ -76,7 +119,8 @@ impl Director {
 
     /// `POST /v1/admin/regional-rehome-control` (admin token already checked).
     pub(crate) async fn rehome_control_route(&self, b: &[u8]) -> Response {
-        let Ok(v) = serde_json::from_slice::<Json>(b) else {
+        // The one strict decoder: a duplicate key is "not JSON" (400), like every other body.
+        let Ok(v) = crate::contract::strict::parse_value(b) else {
             return h::bad_request();
         };
         let Some(req) = rules::parse_control_request(&v) else {
@@ -116,10 +160,11 @@ impl Director {
         }
     }
 
-    /// Every 5 min: the trailing-24 h outcomes line, until shutdown.
+    /// Every 5 min: the trailing-24 h outcomes line, until shutdown (on the process's one task
+    /// tracker, so shutdown waits for it).
     pub fn start_outcomes_log(self: &Arc<Self>) {
         let me = self.clone();
-        tokio::spawn(async move {
+        self.ctx.spawn("region-outcomes-log", async move {
             let mut tick = tokio::time::interval(OUTCOMES_EVERY);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             tick.tick().await;
@@ -154,4 +199,30 @@ pub async fn region_decision_json(
             "observedAt": d.observed_at,
         }),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tally counts the trailing 24 h only and stays bounded under any arrival pattern.
+    #[test]
+    fn deferred_tally_window_and_bound() {
+        let t = DeferredTally::default();
+        let day = DEFERRED_WINDOW_MS;
+        t.record(0);
+        t.record(10);
+        t.record(BUCKET_MS);
+        assert_eq!(t.since(BUCKET_MS), 3);
+        assert_eq!(t.since(day + BUCKET_MS - 1), 3, "still inside the window");
+        assert_eq!(t.since(day + 2 * BUCKET_MS), 1, "the first minute left");
+        assert_eq!(t.since(day + 3 * BUCKET_MS), 0);
+        let t = DeferredTally::default();
+        for i in 0..(3 * BUCKETS as i64) {
+            t.record(i * BUCKET_MS);
+        }
+        assert!(crate::sync::lock(&t.buckets).len() <= BUCKETS + 1);
+        let now = 3 * BUCKETS as i64 * BUCKET_MS;
+        assert_eq!(t.since(now), BUCKETS as u64);
+    }
 }

@@ -126,19 +126,6 @@ pub async fn open_migration_count(db: &Db) -> Result<i64, DbError> {
         .map_or(0, |r| r.i64(0)))
 }
 
-/// Regional rehome attempts created at or after `since`: `(committed, aborted)`.
-pub async fn rehome_attempts_since(db: &Db, since: i64) -> Result<(i64, i64), DbError> {
-    let rows = db
-        .query(
-            "SELECT COALESCE(CAST(SUM(CASE WHEN aborted_at IS NULL THEN 1 ELSE 0 END) AS BIGINT), 0), \
-             COALESCE(CAST(SUM(CASE WHEN aborted_at IS NOT NULL THEN 1 ELSE 0 END) AS BIGINT), 0) \
-             FROM relay_region_rehome_attempts WHERE created_at >= $1",
-            params![since],
-        )
-        .await?;
-    Ok(rows.first().map_or((0, 0), |r| (r.i64(0), r.i64(1))))
-}
-
 /// The global regional-rehome switch.
 pub async fn rehome_enabled(db: &Db) -> Result<bool, DbError> {
     Ok(db

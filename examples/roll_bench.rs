@@ -1,0 +1,287 @@
+//! Roll benchmark (issue 12): `hosts` desktop hosts connected with the real protocol across
+//! `cells` cells (separate `orca-relay` processes) and `directors` directors on one Postgres
+//! database; every cell is rolled in turn exactly as `orca-relay admin roll` does it (roll-isolate,
+//! paced drain, stop, new incarnation, restore `general`), with a supervisor restarting the stopped
+//! process like `Restart=always`. Hosts reconnect as the Orca desktop does: re-resolve through a
+//! director (`reconnect:true`), retry with backoff (100 ms doubling to 2 s, ±20 %), the directors in
+//! turn after a failure.
+//!
+//! ```text
+//! cargo build && ORCA_RELAY_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test \
+//!   cargo run --example roll_bench -- [--hosts 1000] [--cells 4] [--directors 2]
+//! ```
+//!
+//! (`cargo build` first: the bench runs `target/<profile>/orca-relay`, or `ORCA_RELAY_BIN`.)
+//! Prints hosts, moves, the longest and p99 time a host was without a grant (an activated
+//! control), refused assigns and control handshakes by cause, and the invariant sampler's
+//! double-serving samples (must be 0); exits non-zero when double serving was seen. The goal is
+//! no host without a grant for longer than one heartbeat interval (15 s).
+
+#[path = "../tests/support/region.rs"]
+mod region;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use orca_relay::cell::testkit::HostIdentity;
+use orca_relay::store::testing::TestDb;
+use region::*;
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long, default_value = "1000")]
+    hosts: usize,
+    #[arg(long, default_value = "4")]
+    cells: usize,
+    #[arg(long, default_value = "2")]
+    directors: usize,
+    /// Drain grace of each roll (admin roll --grace-ms).
+    #[arg(long, default_value = "10000")]
+    grace_ms: u64,
+    /// Drain pace window of each roll (admin roll --pace-window-ms).
+    #[arg(long, default_value = "5000")]
+    pace_window_ms: u64,
+    /// Database pool of every process.
+    #[arg(long, default_value = "8")]
+    pool_max: usize,
+}
+
+const REGION: &str = "us-central1";
+const GOAL: Duration = Duration::from_secs(15);
+
+fn bin() -> PathBuf {
+    if let Ok(p) = std::env::var("ORCA_RELAY_BIN") {
+        return p.into();
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/examples/roll_bench → target/<profile>/orca-relay
+    let p = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .map(|d| d.join("orca-relay"))
+        .expect("target dir");
+    assert!(
+        p.exists(),
+        "{} not found: run `cargo build` first or set ORCA_RELAY_BIN",
+        p.display()
+    );
+    p
+}
+
+/// Raises the open-file soft limit to the hard limit (1 000 hosts need a few thousand sockets);
+/// the spawned processes inherit it.
+fn raise_nofile() -> u64 {
+    unsafe {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
+        r.rlim_cur = r.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        r.rlim_cur
+    }
+}
+
+async fn admin_roll(director: &str, cell: &str, pid: u32, a: &Args) -> (i32, String) {
+    let restart = format!("kill -TERM {pid}; while kill -0 {pid} 2>/dev/null; do sleep 0.05; done");
+    let out = tokio::process::Command::new(bin())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("ORCA_RELAY_ADMIN_TOKEN", ADMIN)
+        .args(["admin", "roll", "--cell", cell, "--restart", &restart])
+        .args(["--grace-ms", &a.grace_ms.to_string()])
+        .args(["--pace-window-ms", &a.pace_window_ms.to_string()])
+        .args(["--timeout", "180", "--poll", "0.2", "--url", director])
+        .output()
+        .await
+        .expect("run admin roll");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let a = Args::parse();
+    let nofile = raise_nofile();
+    let Some(t) = TestDb::postgres().await else {
+        eprintln!(
+            "roll_bench needs ORCA_RELAY_TEST_POSTGRES_URL (a Postgres it may create schemas in)"
+        );
+        std::process::exit(2);
+    };
+    let bin = bin();
+    let spec = FleetSpec {
+        directors: vec![REGION.to_string(); a.directors],
+        cells: (1..=a.cells)
+            .map(|i| (format!("c{i}"), REGION.to_string()))
+            .collect(),
+        capacity_requests: (a.hosts as i64 * 2).max(100),
+        pool_max: a.pool_max,
+        director_env: vec![],
+    };
+    let started = Instant::now();
+    let fleet = start_fleet(&bin, &t.url, &spec).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut stats = Vec::new();
+    let mut tasks = Vec::new();
+    for i in 0..a.hosts {
+        let s = Arc::new(Mutex::new(HostStats::default()));
+        stats.push(s.clone());
+        // Each host's own director first (the desktop's configured one), the others after a failure.
+        let mut ds = fleet.directors.clone();
+        let n = ds.len();
+        ds.rotate_left(i % n);
+        tasks.push(tokio::spawn(run_host(
+            HostIdentity::generate(&format!("roll-user-{i:04}")),
+            ds,
+            fleet.directors[0].clone(),
+            HostPlan::default(),
+            s,
+            stop.clone(),
+        )));
+        if i % 50 == 49 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let connected = || {
+        let stats = stats.clone();
+        async move { stats.iter().all(|s| s.lock().unwrap().connected) }
+    };
+    wait_until("every host connected", Duration::from_secs(180), connected).await;
+    let ramp = started.elapsed();
+    // Only what happens during the rolls counts: forget the ramp's refusals and downs.
+    for s in &stats {
+        let mut s = s.lock().unwrap();
+        s.refusals.clear();
+        s.downs.clear();
+    }
+    let per_cell = |url: &str| {
+        stats
+            .iter()
+            .filter(|s| s.lock().unwrap().last_cell() == Some(url))
+            .count()
+    };
+    let spread: Vec<String> = fleet
+        .cells
+        .iter()
+        .map(|c| format!("{} {}", c.id, per_cell(&c.url)))
+        .collect();
+    println!(
+        "roll_bench: {} hosts connected in {} ms across {} cells ({}), {} directors, open files {nofile}",
+        a.hosts,
+        ramp.as_millis(),
+        a.cells,
+        spread.join(", "),
+        a.directors
+    );
+    let sampler_stop = Arc::new(AtomicBool::new(false));
+    let sampler = start_sampler(
+        t.db.clone(),
+        Duration::from_millis(200),
+        sampler_stop.clone(),
+    );
+    let sup_stop = Arc::new(AtomicBool::new(false));
+    let sups: Vec<_> = fleet
+        .cells
+        .iter()
+        .map(|c| supervise(c.node.clone(), sup_stop.clone()))
+        .collect();
+    let rolls_started = Instant::now();
+    let mut failed_rolls = 0;
+    for c in &fleet.cells {
+        let pid = c.node.lock().unwrap().pid().expect("cell running");
+        let t0 = Instant::now();
+        let (code, out) = admin_roll(&fleet.directors[0], &c.id, pid, &a).await;
+        let last = out.lines().last().unwrap_or_default().to_string();
+        println!(
+            "roll_bench: roll {} exit {code} in {} ms: {last}",
+            c.id,
+            t0.elapsed().as_millis()
+        );
+        if code != 0 {
+            failed_rolls += 1;
+            eprintln!("{out}");
+        }
+        // The next roll starts once every host holds a control again (as an operator would wait).
+        let back = || {
+            let stats = stats.clone();
+            async move { stats.iter().all(|s| s.lock().unwrap().connected) }
+        };
+        wait_until("every host reconnected", Duration::from_secs(120), back).await;
+    }
+    let rolls = rolls_started.elapsed();
+    sampler_stop.store(true, Ordering::SeqCst);
+    let seen = sampler.await.unwrap();
+    let (samples, violations) = (seen.samples, seen.violations);
+    sup_stop.store(true, Ordering::SeqCst);
+    let restarts: u32 = sups.into_iter().map(|h| h.join().unwrap()).sum();
+    stop.store(true, Ordering::SeqCst);
+    for task in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    }
+
+    let mut downs = Vec::new();
+    let mut causes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut moves = 0;
+    let mut epochs_ok = true;
+    for s in &stats {
+        let s = s.lock().unwrap();
+        downs.extend(s.downs.iter().copied());
+        for (k, n) in &s.refusals {
+            *causes.entry(k.clone()).or_default() += n;
+        }
+        moves += s.moves();
+        epochs_ok &= epochs_increase(&s);
+    }
+    let longest = downs.iter().copied().max().unwrap_or_default();
+    let p99 = quantile(&downs, 0.99);
+    let p50 = quantile(&downs, 0.50);
+    let over_goal = downs.iter().filter(|d| **d > GOAL).count();
+    println!(
+        "roll_bench: {} cells rolled in {} ms ({} restarts, {failed_rolls} failed rolls)",
+        a.cells,
+        rolls.as_millis(),
+        restarts
+    );
+    println!(
+        "roll_bench: hosts {}, moves {moves}, periods without a grant {}, p50 {} ms, p99 {} ms, longest {} ms, over 15 s: {over_goal}",
+        a.hosts,
+        downs.len(),
+        p50.as_millis(),
+        p99.as_millis(),
+        longest.as_millis()
+    );
+    let total: u64 = causes.values().sum();
+    println!("roll_bench: refused {total} (by cause):");
+    for (k, n) in &causes {
+        println!("  {n:>7}  {k}");
+    }
+    println!(
+        "roll_bench: double-serving samples {} of {samples}, epochs only increase: {epochs_ok}",
+        violations.len()
+    );
+    println!(
+        "roll_bench: host-samples with a stopped incarnation's unexpired lease (not serving): {}",
+        seen.stale_leases
+    );
+    for v in violations.iter().take(5) {
+        println!("  {v}");
+    }
+    println!(
+        "roll_bench: goal (no host without a grant > 15 s): {}",
+        if longest <= GOAL { "met" } else { "MISSED" }
+    );
+    fleet.stop();
+    if !violations.is_empty() || !epochs_ok || failed_rolls > 0 {
+        std::process::exit(1);
+    }
+}
