@@ -3,6 +3,13 @@
 //! Each connection starts with the session defaults of director.md §2 (`statement_timeout` 5 s,
 //! `lock_timeout` 1 s, `idle_in_transaction_session_timeout` 5 s). A transaction owns its pooled
 //! connection; dropping it unfinished sends `ROLLBACK` before the connection returns to the pool.
+//!
+//! Server-side timeouts cannot fire when no packet reaches the server (a black-holed network), so
+//! every call also has a client-side deadline, [`CALL_DEADLINE`]: a plain read or write covers the
+//! pool wait and its statement with it, `begin` the pool wait and `BEGIN`, and every statement of an
+//! open transaction (and its `COMMIT`/`ROLLBACK`) gets its own. A connection whose statement ran out
+//! of time, or whose caller was cancelled mid-statement, still has a request in flight: it is
+//! detached from the pool and closed ([`Object::take`]), never handed to the next caller.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -19,6 +26,11 @@ pub struct PgDb {
     pool: Pool,
     pub(super) waits: WaitTracker,
 }
+
+/// The client-side deadline of one store call: the server's `statement_timeout` (5 s) plus 1 s for
+/// the network, so a statement the server times out reports the server's error first, while a
+/// statement whose packets go nowhere fails as transient after 6 s instead of hanging.
+pub const CALL_DEADLINE: Duration = Duration::from_secs(6);
 
 const SESSION_OPTIONS: &str =
     "-c statement_timeout=5000 -c lock_timeout=1000 -c idle_in_transaction_session_timeout=5000";
@@ -67,25 +79,30 @@ impl PgDb {
         })
     }
 
-    async fn get(&self) -> Result<Object, DbError> {
+    async fn get(&self) -> Result<Conn, DbError> {
         let _wait = self.waits.enter();
         self.pool
             .get()
             .await
+            .map(Conn::new)
             .map_err(|e| DbError::Transient(format!("pool: {e}")))
     }
 
     pub async fn begin(&self) -> Result<PgTx, DbError> {
-        let obj = self.get().await?;
-        obj.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-            .await
-            .map_err(map_err)?;
-        Ok(PgTx { obj: Some(obj) })
+        let started = tokio::time::Instant::now();
+        let mut conn = within(CALL_DEADLINE, self.get()).await?;
+        conn.batch_execute_by(
+            started + CALL_DEADLINE,
+            "BEGIN ISOLATION LEVEL READ COMMITTED",
+        )
+        .await?;
+        Ok(PgTx { conn: Some(conn) })
     }
 
     pub async fn read(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
-        let obj = self.get().await?;
-        run_query(&obj, sql, params).await
+        let started = tokio::time::Instant::now();
+        let mut conn = within(CALL_DEADLINE, self.get()).await?;
+        conn.query_by(started + CALL_DEADLINE, sql, params).await
     }
 
     pub fn pool_status(&self) -> (u64, u64) {
@@ -98,38 +115,156 @@ impl PgDb {
     }
 }
 
+/// Runs the statement future `$fut` (which may use `$obj: &Object`) on `$conn` by `$deadline`,
+/// marked in flight while it runs: if the caller's future is dropped meanwhile, `Conn`'s `Drop`
+/// sees the mark and discards the connection. Evaluates to `None` when the connection is gone.
+macro_rules! guarded {
+    ($conn:ident, $deadline:expr, |$obj:ident| $fut:expr) => {
+        match $conn.obj.as_ref() {
+            Some($obj) => {
+                $conn.in_flight = true;
+                Some(tokio::time::timeout_at($deadline, $fut).await)
+            }
+            None => None,
+        }
+    };
+}
+
+/// A pooled connection with the one rule that keeps a pool healthy through a black hole: a
+/// connection that may still have a statement in flight (timed out, or its caller's future was
+/// dropped mid-statement) is detached from the pool and closed instead of being returned.
+pub(super) struct Conn {
+    obj: Option<Object>,
+    in_flight: bool,
+}
+
+impl Conn {
+    fn new(obj: Object) -> Conn {
+        Conn {
+            obj: Some(obj),
+            in_flight: false,
+        }
+    }
+
+    /// What a guarded statement came to: clears the in-flight mark and discards the connection
+    /// when the deadline passed (`None`: it was already discarded).
+    fn settle<T>(
+        &mut self,
+        r: Option<Result<Result<T, DbError>, tokio::time::error::Elapsed>>,
+    ) -> Result<T, DbError> {
+        self.in_flight = false;
+        match r {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => {
+                self.discard();
+                Err(DbError::Transient("postgres call deadline exceeded".into()))
+            }
+            None => Err(DbError::Transient("postgres connection discarded".into())),
+        }
+    }
+
+    async fn query_by(
+        &mut self,
+        deadline: tokio::time::Instant,
+        sql: &str,
+        params: &[Value],
+    ) -> Result<Vec<Row>, DbError> {
+        let r = guarded!(self, deadline, |obj| run_query(obj, sql, params));
+        self.settle(r)
+    }
+
+    async fn execute_by(
+        &mut self,
+        deadline: tokio::time::Instant,
+        sql: &str,
+        params: &[Value],
+    ) -> Result<u64, DbError> {
+        let r = guarded!(self, deadline, |obj| async {
+            let stmt = obj.prepare_cached(sql).await.map_err(map_err)?;
+            let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
+            obj.execute(&stmt, &refs).await.map_err(map_err)
+        });
+        self.settle(r)
+    }
+
+    async fn batch_execute_by(
+        &mut self,
+        deadline: tokio::time::Instant,
+        sql: &str,
+    ) -> Result<(), DbError> {
+        let r = guarded!(self, deadline, |obj| async {
+            obj.batch_execute(sql).await.map_err(map_err)
+        });
+        self.settle(r)
+    }
+
+    /// Detaches the connection from the pool and closes it (its slot is free for a new one).
+    fn discard(&mut self) {
+        if let Some(obj) = self.obj.take() {
+            drop(Object::take(obj));
+        }
+    }
+
+    /// `ROLLBACK` with a deadline; a connection that cannot answer is discarded.
+    async fn rollback(mut self) {
+        let _ = self
+            .batch_execute_by(tokio::time::Instant::now() + CALL_DEADLINE, "ROLLBACK")
+            .await;
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if self.in_flight {
+            self.discard();
+        }
+    }
+}
+
+fn deadline() -> tokio::time::Instant {
+    tokio::time::Instant::now() + CALL_DEADLINE
+}
+
+/// `fut` by `limit`, a timeout being a transient failure.
+async fn within<T>(
+    limit: Duration,
+    fut: impl std::future::Future<Output = Result<T, DbError>>,
+) -> Result<T, DbError> {
+    tokio::time::timeout(limit, fut)
+        .await
+        .unwrap_or_else(|_| Err(DbError::Transient("postgres call deadline exceeded".into())))
+}
+
 /// An open transaction owning its connection.
 pub struct PgTx {
-    obj: Option<Object>,
+    conn: Option<Conn>,
 }
 
 impl PgTx {
-    fn conn(&self) -> &Object {
-        self.obj.as_ref().expect("transaction already finished")
+    fn conn(&mut self) -> Result<&mut Conn, DbError> {
+        self.conn
+            .as_mut()
+            .ok_or_else(|| DbError::Fatal("transaction already finished".into()))
     }
 }
 
 impl Backend for PgTx {
     async fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
-        run_query(self.conn(), sql, params).await
+        self.conn()?.query_by(deadline(), sql, params).await
     }
 
     async fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
-        let conn = self.conn();
-        let stmt = conn.prepare_cached(sql).await.map_err(map_err)?;
-        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
-        conn.execute(&stmt, &refs).await.map_err(map_err)
+        self.conn()?.execute_by(deadline(), sql, params).await
     }
 
     async fn execute_batch(&mut self, sql: &str) -> Result<(), DbError> {
-        self.conn().batch_execute(sql).await.map_err(map_err)
+        self.conn()?.batch_execute_by(deadline(), sql).await
     }
 
     async fn set_lock_timeout(&mut self, ms: u64) -> Result<(), DbError> {
-        self.conn()
-            .batch_execute(&format!("SET LOCAL lock_timeout = {ms}"))
+        self.conn()?
+            .batch_execute_by(deadline(), &format!("SET LOCAL lock_timeout = {ms}"))
             .await
-            .map_err(map_err)
     }
 
     async fn scope_lock(&mut self, scope: &str) -> Result<(), DbError> {
@@ -152,30 +287,35 @@ impl Backend for PgTx {
     }
 
     async fn commit(mut self) -> Result<(), DbError> {
-        let obj = self.obj.take().expect("transaction already finished");
-        match obj.batch_execute("COMMIT").await {
+        let mut conn = self.conn.take().expect("transaction already finished");
+        match conn.batch_execute_by(deadline(), "COMMIT").await {
             Ok(()) => Ok(()),
             Err(e) => {
-                let _ = obj.batch_execute("ROLLBACK").await;
-                Err(map_err(e))
+                // A timed-out COMMIT has an unknown outcome: the connection is gone and the
+                // caller sees a transient failure.
+                conn.rollback().await;
+                Err(e)
             }
         }
     }
 
     async fn rollback(mut self) {
-        if let Some(obj) = self.obj.take() {
-            let _ = obj.batch_execute("ROLLBACK").await;
+        if let Some(conn) = self.conn.take() {
+            conn.rollback().await;
         }
     }
 }
 
 impl Drop for PgTx {
     fn drop(&mut self) {
-        if let Some(obj) = self.obj.take() {
+        if let Some(mut conn) = self.conn.take() {
+            if conn.in_flight {
+                // Cancelled mid-statement: never reuse it.
+                conn.discard();
+                return;
+            }
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                handle.spawn(async move {
-                    let _ = obj.batch_execute("ROLLBACK").await;
-                });
+                handle.spawn(conn.rollback());
             }
         }
     }
