@@ -53,7 +53,7 @@ fn report(step: &str, r: Result<SweepCount, DbError>) {
         Ok(_) => {}
         Err(e) => {
             log::warn!("[orca-relay] assignment cleanup failed: {step}");
-            log::debug!("sweep {step}: {e}");
+            log::debug!("[orca-relay] sweep {step}: {e}");
         }
     }
 }
