@@ -401,11 +401,16 @@ impl std::fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
+// The flag-value shapes every settings parser shares (this file's and `tls`'s): one error form,
+// bounded integers, optional values, on/off switches.
+
+/// A configuration refusal with this message.
+pub(crate) fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
     Err(ConfigError(msg.into()))
 }
 
-fn int_in(var: &str, raw: &str, lo: i64, hi: i64) -> Result<i64, ConfigError> {
+/// `raw` as an integer in `lo..=hi`, else "`var` must be an integer in lo..hi".
+pub(crate) fn int_in(var: &str, raw: &str, lo: i64, hi: i64) -> Result<i64, ConfigError> {
     match raw.trim().parse::<i64>() {
         Ok(v) if (lo..=hi).contains(&v) => Ok(v),
         _ => err(format!("{var} must be an integer in {lo}..{hi}")),
@@ -413,10 +418,24 @@ fn int_in(var: &str, raw: &str, lo: i64, hi: i64) -> Result<i64, ConfigError> {
 }
 
 /// Treats empty and whitespace-only values as unset.
-fn opt(v: &Option<String>) -> Option<String> {
+pub(crate) fn opt(v: &Option<String>) -> Option<String> {
     v.as_ref()
         .filter(|s| !s.trim().is_empty())
         .map(|s| s.to_string())
+}
+
+/// [`opt`], trimmed (paths and lists, where surrounding blanks are never meant).
+pub(crate) fn opt_trimmed(v: &Option<String>) -> Option<String> {
+    opt(v).map(|s| s.trim().to_string())
+}
+
+/// An on/off switch: empty, `0` or `false` is off; `1` or `true` is on.
+pub(crate) fn switch(var: &str, raw: &str) -> Result<bool, ConfigError> {
+    match raw.trim() {
+        "" | "0" | "false" => Ok(false),
+        "1" | "true" => Ok(true),
+        _ => err(format!("{var} must be 0, 1, true or false")),
+    }
 }
 
 fn origin(var: &str, v: &str) -> Result<String, ConfigError> {

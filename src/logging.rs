@@ -138,6 +138,30 @@ fn push_escaped(out: &mut String, s: &str, max: usize) {
     }
 }
 
+/// The store's observer (installed by the composition root): the store's own reports become the
+/// retry event lines.
+pub fn store_event(e: crate::store::StoreEvent<'_>) {
+    use crate::store::StoreEvent;
+    match e {
+        StoreEvent::Retry {
+            phase,
+            code,
+            attempt,
+        } => event(
+            "orca_relay_postgres_transaction_retry",
+            serde_json::json!({"code": code, "attempt": attempt, "phase": phase}),
+        ),
+        StoreEvent::RetryExhausted {
+            phase,
+            code,
+            attempts,
+        } => event_warn(
+            "orca_relay_postgres_transaction_retry_exhausted",
+            serde_json::json!({"code": code, "attempts": attempts, "phase": phase}),
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -123,7 +123,8 @@ fn migrate(args: &ServeArgs) -> ExitCode {
                 return ExitCode::from(1);
             }
         };
-        match orca_relay::store::migrate::apply(&db).await {
+        orca_relay::store::observe(orca_relay::logging::store_event);
+        match orca_relay::store::migrate::apply(&db, orca_relay::clock::now_ms()).await {
             Ok(v) => {
                 println!("[orca-relay] migrations applied: {v:?}");
                 ExitCode::SUCCESS

@@ -93,6 +93,8 @@ pub struct Running {
 
 /// Binds, migrates, starts the roles and serves until [`Running::shutdown`].
 pub async fn start(mut config: Config) -> Result<Running, String> {
+    // The store logs nothing itself: its reports become log events here.
+    crate::store::observe(crate::logging::store_event);
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("ORCA_RELAY_LISTEN: cannot bind {}: {e}", config.listen))?;
@@ -105,7 +107,7 @@ pub async fn start(mut config: Config) -> Result<Running, String> {
         .map_err(|e| format!("ORCA_RELAY_DATABASE_URL: cannot open the database: {e}"))?;
     let owns_schema = config.roles.director || config.roles.push;
     if owns_schema && !read_only {
-        migrate::apply(&db)
+        migrate::apply(&db, crate::clock::now_ms())
             .await
             .map_err(|e| format!("ORCA_RELAY_DATABASE_URL: migration failed: {e}"))?;
     }

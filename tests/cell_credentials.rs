@@ -89,7 +89,13 @@ async fn install_resume_confirm_rotate_revoke() {
             "confirmation_tuple_mismatch"
         );
         drop(phone);
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(
+            eventually(SEC * 5, || s
+                .session(&host.key(), |st| st.active.contains_key(&basis))
+                == Some(false))
+            .await,
+            "the cell saw the basis connection end"
+        );
         c.send(json!({"type":"device-resume-confirm","v":1,"reqId":"c2","basisConnId":basis}))
             .await;
         assert_eq!(

@@ -2,10 +2,9 @@
 //! HTTP with a cluster token: first beat at start-up, then every 15 s; exactly the §12 fields,
 //! the seven telemetry fields only when capped; a restart gets a new incarnation.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -86,20 +85,17 @@ async fn fake_director() -> (SocketAddr, mpsc::Receiver<Beat>) {
 /// The real binary, killed on drop.
 struct Proc {
     child: Child,
-    log: Arc<Mutex<Vec<String>>>,
+    log: support::common::proc::Log,
 }
 
 impl Drop for Proc {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        support::common::proc::kill(&mut self.child);
     }
 }
 
 fn spawn_cell(cwd: &Path, db_url: &str, director: SocketAddr, extra: &[&str]) -> Proc {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_orca-relay"));
-    cmd.args([
-        "serve",
+    let mut args: Vec<String> = [
         "--role",
         "cell",
         "--listen",
@@ -108,28 +104,36 @@ fn spawn_cell(cwd: &Path, db_url: &str, director: SocketAddr, extra: &[&str]) ->
         "c9",
         "--director-url",
         &format!("http://{director}"),
-    ])
-    .args(extra)
-    .current_dir(cwd)
-    .env_clear()
-    .env("PATH", std::env::var("PATH").unwrap_or_default())
-    .env("RUST_LOG", "info")
-    .env("ORCA_RELAY_DATABASE_URL", db_url)
-    .env("ORCA_RELAY_ASSIGNMENT_SIGNING_KEY", SIGNING_KEY)
-    .env("ORCA_RELAY_CLUSTER_KEY", CLUSTER_KEY)
-    .env("ORCA_RELAY_ADMIN_TOKEN", ADMIN_TOKEN)
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawn orca-relay");
-    let stderr = child.stderr.take().unwrap();
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let sink = log.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            sink.lock().unwrap().push(line);
-        }
-    });
-    Proc { child, log }
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let envs: Vec<(String, String)> = [
+        ("ORCA_RELAY_DATABASE_URL", db_url),
+        ("ORCA_RELAY_ASSIGNMENT_SIGNING_KEY", SIGNING_KEY),
+        ("ORCA_RELAY_CLUSTER_KEY", CLUSTER_KEY),
+        ("ORCA_RELAY_ADMIN_TOKEN", ADMIN_TOKEN),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let spec = support::common::proc::Spec {
+        cwd: Some(cwd),
+        ..support::common::proc::Spec::new("cell", &args, &envs)
+    };
+    let log = support::common::proc::Log::default();
+    let spawned = support::common::proc::spawn_serve(&spec, &log, Duration::from_secs(30))
+        .unwrap_or_else(|()| {
+            panic!(
+                "cell did not start: {:?}",
+                support::common::proc::lines(&log)
+            )
+        });
+    Proc {
+        child: spawned.child,
+        log,
+    }
 }
 
 async fn next_beat(rx: &mut mpsc::Receiver<Beat>, within: Duration, p: &Proc) -> Beat {

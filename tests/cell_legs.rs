@@ -400,19 +400,17 @@ async fn per_host_cap_held_invite_and_host_offline() {
             let invite = c.create_invite("r0", "d0").await.unwrap();
             drop(c);
             // The control is gone (orphaned): phones get 4404 relay connection rejected.
-            let mut got = None;
-            for _ in 0..50 {
-                let mut p =
-                    testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &invite, &[])
-                        .await
-                        .unwrap();
-                let h = recv_json(&mut p, SEC * 5).await.unwrap();
-                if h["code"] == 4404 {
-                    got = Some(recv_close(&mut p, SEC * 2).await);
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(2_100)).await;
-            }
+            assert!(
+                eventually(SEC * 5, || s.session_state(&host.key())
+                    == Some(orca_relay::cell::session::State::Orphaned))
+                .await,
+                "the cell saw the control go"
+            );
+            let mut p = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &invite, &[])
+                .await
+                .unwrap();
+            assert_eq!(recv_json(&mut p, SEC * 5).await.unwrap()["code"], 4404);
+            let got = Some(recv_close(&mut p, SEC * 2).await);
             assert_eq!(got, Some((4404, "relay connection rejected".into())));
         }
         // A new control without the secret: generation 2.
@@ -445,7 +443,12 @@ async fn per_host_cap_held_invite_and_host_offline() {
         );
         // P-22: a second phone with an invite held by a pending phone → 4401.
         drop(pairs.pop());
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            eventually(SEC * 5, || s.session(&host.key(), |st| st.load())
+                == Some(7))
+            .await,
+            "the cell saw the phone go"
+        );
         let inv = c.create_invite("r10", "d10").await.unwrap();
         let mut first = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &inv, &[])
             .await

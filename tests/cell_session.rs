@@ -8,7 +8,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
-use orca_relay::cell::testkit::{self, recv_close, recv_json, Hello};
+use orca_relay::cell::session::State;
+use orca_relay::cell::testkit::{self, recv_close, recv_json, ClientWs, Hello};
+use orca_relay::clock::now_ms;
 use serde_json::json;
 use support::*;
 use tokio_tungstenite::tungstenite::Message;
@@ -26,7 +28,12 @@ async fn rebind_keeps_splices_new_generation_replaces() {
         // P-30: drop the control TCP, reconnect with the secret.
         let secret = c1.secret.clone();
         drop(c1);
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            eventually(SEC * 5, || s.session_state(&host.key())
+                == Some(State::Orphaned))
+            .await,
+            "the cell saw the control go"
+        );
         let hello = Hello {
             resume_secret: Some(secret.clone()),
             previous_generation: Some(1),
@@ -133,9 +140,10 @@ async fn auth_refresh_identity_rules() {
 }
 
 /// P-23: the host ignores `conn-open` → phone 4404 at 10 s ± 0.5 s; immediate retry → 4401;
-/// after 2 s reservable again.
-#[tokio::test]
+/// after 2 s reservable again. On manual time: the deadline fires where the test moves the clock.
+#[tokio::test(start_paused = true)]
 async fn attach_deadline_and_invite_cooldown() {
+    let mut time = ManualTime::start();
     for db in dbs().await {
         let s = start_on(&db.url, &[]).await;
         let host = Host::assigned(&s, "deadline").await;
@@ -144,37 +152,52 @@ async fn attach_deadline_and_invite_cooldown() {
         let mut phone = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &invite, &[])
             .await
             .unwrap();
-        let open = c.recv(SEC * 5).await.unwrap();
+        let open = next(&mut c.ws).await.unwrap();
         assert_eq!(open["type"], "conn-open");
-        let t = Instant::now();
+        let t = now_ms();
+        // Nothing at 9.5 s (the barrier lets every timer due by then run)…
+        time.advance(Duration::from_millis(9_500)).await;
+        barrier(&mut c).await;
+        assert!(
+            futures_util::FutureExt::now_or_never(phone.next()).is_none(),
+            "the phone heard something before the deadline"
+        );
+        // …the refusal by 10 s.
+        time.advance(Duration::from_millis(500)).await;
         assert_eq!(
-            recv_json(&mut phone, SEC * 15).await.unwrap(),
+            next(&mut phone).await.unwrap(),
             json!({"type":"relay-hello","ok":false,"code":4404})
         );
-        let el = t.elapsed();
-        assert!(
-            el >= Duration::from_millis(9_500) && el <= Duration::from_millis(10_750),
-            "{el:?}"
-        );
+        let el = now_ms() - t;
+        assert!((9_500..=10_750).contains(&el), "{el} ms");
         assert_eq!(
-            recv_close(&mut phone, SEC * 2).await,
-            (4404, "relay connection rejected".into())
+            next(&mut phone).await,
+            Err((4404, "relay connection rejected".into()))
         );
         let mut again = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &invite, &[])
             .await
             .unwrap();
-        assert_eq!(recv_json(&mut again, SEC * 5).await.unwrap()["code"], 4401);
-        tokio::time::sleep(Duration::from_millis(2_100)).await;
+        assert_eq!(next(&mut again).await.unwrap()["code"], 4401);
+        // The 2 s cooldown, on the clock.
+        time.advance(Duration::from_millis(2_100)).await;
         let p =
             testkit::pair_phone(&s.cell_url, &mut c, &host.id.relay_host_id, &invite, &[]).await;
         assert!(p.is_ok(), "{:?}", p.err());
-        s.running.shutdown().await;
+        time.auto(s.running.shutdown()).await;
     }
+    time.resume();
 }
 
-/// P-32: control gone for good → splices 4408 at 30 s ± 1 s; new phone → 4404.
-#[tokio::test]
+/// The next text frame (or the close) of a socket, failing after 20 s of real time: under
+/// manual time a tokio timeout never fires, so `recv_json`'s own is set out of reach.
+async fn next(ws: &mut ClientWs) -> Result<serde_json::Value, (u16, String)> {
+    real_deadline(SEC * 20, "next frame", recv_json(ws, SEC * 3_600)).await
+}
+
+/// P-32: control gone for good → splices 4408 at 30 s ± 1 s; new phone → 4404. On manual time.
+#[tokio::test(start_paused = true)]
 async fn orphan_grace_closes_splices() {
+    let time = ManualTime::start();
     let db = orca_relay::store::testing::TestDb::sqlite().await;
     let s = start_on(&db.url, &[]).await;
     let host = Host::assigned(&s, "orphan").await;
@@ -190,30 +213,40 @@ async fn orphan_grace_closes_splices() {
     }))
     .await
     .unwrap();
-    let t = Instant::now();
+    // The grace starts when the cell has seen the close.
+    assert!(
+        real_eventually(SEC * 5, || s.session_state(&host.key())
+            == Some(State::Orphaned))
+        .await
+    );
+    let t = now_ms();
     // During the grace: the splice keeps forwarding, new phones get 4404 signed-out.
     p.phone.send(Message::text("still here")).await.unwrap();
     assert_eq!(
-        p.data.next().await.unwrap().unwrap(),
-        Message::text("still here")
+        next(&mut p.data).await,
+        Err((0, "not JSON: still here".into()))
     );
     let mut late = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &inv2, &[])
         .await
         .unwrap();
-    assert_eq!(recv_json(&mut late, SEC * 5).await.unwrap()["code"], 4404);
+    assert_eq!(next(&mut late).await.unwrap()["code"], 4404);
+    assert_eq!(next(&mut late).await, Err((4404, "signed-out".into())));
+    // Still forwarding at 29 s…
+    time.advance(SEC * 29).await;
+    p.phone.send(Message::text("at 29 s")).await.unwrap();
     assert_eq!(
-        recv_close(&mut late, SEC * 2).await,
-        (4404, "signed-out".into())
+        next(&mut p.data).await,
+        Err((0, "not JSON: at 29 s".into()))
     );
+    // …closed by 30 s.
+    time.advance(SEC).await;
     assert_eq!(
-        recv_close(&mut p.phone, SEC * 40).await,
-        (4408, "peer connection dropped".into())
+        next(&mut p.phone).await,
+        Err((4408, "peer connection dropped".into()))
     );
-    let el = t.elapsed();
-    assert!(
-        el >= Duration::from_secs(29) && el <= Duration::from_secs(31) + Duration::from_millis(250),
-        "{el:?}"
-    );
+    let el = now_ms() - t;
+    assert!((29_000..=31_250).contains(&el), "{el} ms");
+    time.resume();
     s.running.shutdown().await;
 }
 
@@ -227,9 +260,10 @@ fn drain_req(s: &Server, body: serde_json::Value, bearer: Option<&str>) -> reqwe
     }
 }
 
-/// P-36: drain with grace 2 s.
-#[tokio::test]
+/// P-36: drain with grace 2 s. On manual time.
+#[tokio::test(start_paused = true)]
 async fn drain_tells_hosts_then_closes() {
+    let mut time = ManualTime::start();
     for db in dbs().await {
         let s = start_on(&db.url, &[]).await;
         let host = Host::assigned(&s, "drain").await;
@@ -249,7 +283,7 @@ async fn drain_tells_hosts_then_closes() {
             .await
             .unwrap();
         assert_eq!(r.status(), 400);
-        let t = Instant::now();
+        let t = now_ms();
         let r = drain_req(&s, json!({"v":1,"graceMs":2000}), Some(ADMIN))
             .send()
             .await
@@ -260,40 +294,48 @@ async fn drain_tells_hosts_then_closes() {
             json!({"ok":true,"paceWindowMs":0})
         );
         assert_eq!(
-            c.recv(SEC * 5).await.unwrap(),
+            next(&mut c.ws).await.unwrap(),
             json!({"type":"drain","graceMs":2000,"recovery":"resolve-director"})
         );
         let mut phone = testkit::connect_phone(&s.cell_url, &host.id.relay_host_id, &inv2, &[])
             .await
             .unwrap();
-        assert_eq!(recv_json(&mut phone, SEC * 5).await.unwrap()["code"], 4503);
+        assert_eq!(next(&mut phone).await.unwrap()["code"], 4503);
         let r = host.connect_with(&s, &host.hello()).await;
         assert_eq!(r.err(), Some((4503, "relay draining".into())));
+        // The splice lives through the grace…
+        time.advance(Duration::from_millis(1_500)).await;
+        p.phone.send(Message::text("in grace")).await.unwrap();
         assert_eq!(
-            recv_close(&mut p.phone, SEC * 5).await,
-            (4503, "relay draining".into())
+            next(&mut p.data).await,
+            Err((0, "not JSON: in grace".into()))
         );
-        let el = t.elapsed();
-        assert!(
-            el >= Duration::from_millis(1_500) && el <= Duration::from_millis(2_750),
-            "{el:?}"
+        // …and is closed at its end.
+        time.advance(Duration::from_millis(500)).await;
+        assert_eq!(
+            next(&mut p.phone).await,
+            Err((4503, "relay draining".into()))
+        );
+        let el = now_ms() - t;
+        assert!((1_500..=2_750).contains(&el), "{el} ms");
+        assert_eq!(
+            next(&mut p.data).await,
+            Err((4503, "relay draining".into()))
         );
         assert_eq!(
-            recv_close(&mut p.data, SEC * 5).await,
-            (4503, "relay draining".into())
+            next(&mut c.ws).await,
+            Err((4503, "resolve configured director".into()))
         );
-        assert_eq!(
-            recv_close(&mut c.ws, SEC * 5).await,
-            (4503, "resolve configured director".into())
-        );
-        s.running.shutdown().await;
+        time.auto(s.running.shutdown()).await;
     }
+    time.resume();
 }
 
 /// P-37: three hosts, pace 2 s, grace 60 s → drains at ≈ 0, 1, 2 s; the third host's phone is
-/// admitted at 0.5 s.
-#[tokio::test]
+/// admitted at 0.5 s. On manual time.
+#[tokio::test(start_paused = true)]
 async fn paced_drain() {
+    let time = ManualTime::start();
     let db = orca_relay::store::testing::TestDb::sqlite().await;
     let s = start_on(&db.url, &[]).await;
     let mut hosts = Vec::new();
@@ -303,7 +345,7 @@ async fn paced_drain() {
         hosts.push((h, c));
     }
     let invite = hosts[2].1.create_invite("r", "d").await.unwrap();
-    let t = Instant::now();
+    let t = now_ms();
     let r = drain_req(
         &s,
         json!({"v":1,"graceMs":60000,"paceWindowMs":2000}),
@@ -316,25 +358,22 @@ async fn paced_drain() {
         r.json::<serde_json::Value>().await.unwrap(),
         json!({"ok":true,"paceWindowMs":2000})
     );
-    let d0 = hosts[0].1.recv(SEC * 5).await.unwrap();
+    let d0 = next(&mut hosts[0].1.ws).await.unwrap();
     assert_eq!(d0["type"], "drain");
-    assert!(t.elapsed() < Duration::from_millis(500));
-    tokio::time::sleep(Duration::from_millis(500).saturating_sub(t.elapsed())).await;
+    assert_eq!(now_ms() - t, 0);
+    time.advance(Duration::from_millis(500)).await;
     let (h2, c2) = &mut hosts[2];
     let p = testkit::pair_phone(&s.cell_url, c2, &h2.id.relay_host_id, &invite, &[]).await;
     assert!(p.is_ok(), "third host still ordinary: {:?}", p.err());
-    assert_eq!(hosts[1].1.recv(SEC * 5).await.unwrap()["type"], "drain");
-    let e1 = t.elapsed();
-    assert!(
-        e1 >= Duration::from_millis(900) && e1 <= Duration::from_millis(1_500),
-        "{e1:?}"
-    );
-    assert_eq!(hosts[2].1.recv(SEC * 5).await.unwrap()["type"], "drain");
-    let e2 = t.elapsed();
-    assert!(
-        e2 >= Duration::from_millis(1_900) && e2 <= Duration::from_millis(2_500),
-        "{e2:?}"
-    );
+    time.advance(Duration::from_millis(500)).await;
+    assert_eq!(next(&mut hosts[1].1.ws).await.unwrap()["type"], "drain");
+    let e1 = now_ms() - t;
+    assert!((900..=1_500).contains(&e1), "{e1} ms");
+    time.advance(SEC).await;
+    assert_eq!(next(&mut hosts[2].1.ws).await.unwrap()["type"], "drain");
+    let e2 = now_ms() - t;
+    assert!((1_900..=2_500).contains(&e2), "{e2} ms");
+    time.resume();
     s.running.shutdown().await;
 }
 

@@ -96,23 +96,7 @@ async fn admin_roll_restarts_a_cell_and_names_the_state_it_leaves() {
     )
     .await;
 
-    let sampler_stop = Arc::new(AtomicBool::new(false));
-    let violations = Arc::new(Mutex::new(Vec::<String>::new()));
-    let sampler = {
-        let db = t.db.clone();
-        let stop = sampler_stop.clone();
-        let violations = violations.clone();
-        tokio::spawn(async move {
-            let mut samples = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                let bad = double_served(&db).await;
-                violations.lock().unwrap().extend(bad);
-                samples += 1;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            samples
-        })
-    };
+    let sampler = Sampler::start(&t.db);
     let on_cell = |url: &str| -> Vec<(usize, usize)> {
         logs.iter()
             .enumerate()
@@ -237,13 +221,11 @@ async fn admin_roll_restarts_a_cell_and_names_the_state_it_leaves() {
     let (code, _, err) = roll(&director, &[]).await;
     assert_eq!(code, 2, "{err}");
 
-    sampler_stop.store(true, Ordering::SeqCst);
-    let samples = sampler.await.unwrap();
+    let (samples, violations) = sampler.stop().await;
     stop.store(true, Ordering::SeqCst);
     for task in tasks {
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
     }
-    let violations = violations.lock().unwrap().clone();
     assert!(
         violations.is_empty(),
         "hosts with controls on two cells: {violations:?}"

@@ -28,86 +28,12 @@ async fn rolling_restart_of_every_cell_keeps_one_server_per_host() {
     let Some(t) = TestDb::postgres().await else {
         return;
     };
-    let dports = [free_port(), free_port()];
-    let cports = [free_port(), free_port(), free_port()];
-    let directors: Vec<String> = dports
-        .iter()
-        .map(|p| format!("http://127.0.0.1:{p}"))
-        .collect();
-    let cells_json = serde_json::to_string(
-        &cports
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                serde_json::json!({"id": format!("c{}", i + 1), "url": format!("http://127.0.0.1:{p}"),
-                    "region": "us-central1", "capacityRequests": 1000})
-            })
-            .collect::<Vec<_>>(),
-    )
-    .unwrap();
-    let common = vec![
-        ("ORCA_RELAY_DATABASE_URL".to_string(), t.url.clone()),
-        ("ORCA_RELAY_ASSIGNMENT_SIGNING_KEY".into(), SIGNING.into()),
-        ("ORCA_RELAY_CLUSTER_KEY".into(), CLUSTER.into()),
-        ("ORCA_RELAY_ADMIN_TOKEN".into(), ADMIN.into()),
-        (
-            "ORCA_RELAY_PUBLIC_ASSIGNMENT_RETRY_AFTER_SECONDS".into(),
-            "1".into(),
-        ),
-        (
-            "ORCA_RELAY_PUBLIC_STICKY_RETRY_AFTER_SECONDS".into(),
-            "1".into(),
-        ),
-    ];
-    let mut dprocs: Vec<Proc> = dports
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let mut envs = common.clone();
-            envs.push(("ORCA_RELAY_CELLS".into(), cells_json.clone()));
-            Proc::new(
-                &format!("d{}", i + 1),
-                vec![
-                    "--role".into(),
-                    "director".into(),
-                    "--listen".into(),
-                    format!("127.0.0.1:{p}"),
-                ],
-                envs,
-            )
-        })
-        .collect();
-    for d in dprocs.iter_mut() {
-        d.start();
-    }
-    let mut cprocs: Vec<Proc> = cports
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            Proc::new(
-                &format!("c{}", i + 1),
-                vec![
-                    "--role".into(),
-                    "cell".into(),
-                    "--cell-id".into(),
-                    format!("c{}", i + 1),
-                    "--listen".into(),
-                    format!("127.0.0.1:{p}"),
-                    "--director-url".into(),
-                    directors[i % 2].clone(),
-                ],
-                common.clone(),
-            )
-        })
-        .collect();
-    for c in cprocs.iter_mut() {
-        c.start();
-    }
-    wait_until("all cells live", Duration::from_secs(30), || async {
-        let cells = cell_status(&directors[0]).await;
-        cells.len() == 3 && cells.iter().all(|c| c["live"] == true)
-    })
-    .await;
+    let Fleet {
+        directors,
+        mut dprocs,
+        cell_urls,
+        mut cprocs,
+    } = start_fleet(&t.url, 2, 3).await;
 
     // Hosts connect with the real protocol.
     let stop = Arc::new(AtomicBool::new(false));
@@ -137,23 +63,7 @@ async fn rolling_restart_of_every_cell_keeps_one_server_per_host() {
     .await;
 
     // Invariant sampler: no host with live controls on two cells, ever.
-    let sampler_stop = Arc::new(AtomicBool::new(false));
-    let violations = Arc::new(Mutex::new(Vec::<String>::new()));
-    let sampler = {
-        let db = t.db.clone();
-        let stop = sampler_stop.clone();
-        let violations = violations.clone();
-        tokio::spawn(async move {
-            let mut samples = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                let bad = double_served(&db).await;
-                violations.lock().unwrap().extend(bad);
-                samples += 1;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            samples
-        })
-    };
+    let sampler = Sampler::start(&t.db);
 
     // Roll every cell in turn.
     let mut rolled_hosts = 0;
@@ -164,7 +74,7 @@ async fn rolling_restart_of_every_cell_keeps_one_server_per_host() {
             ["runtime"]["cellIncarnation"]
             .clone();
         // Hosts served by this cell right now, and how many grants each has seen so far.
-        let url = format!("http://127.0.0.1:{}", cports[i]);
+        let url = cell_urls[i].clone();
         let on_cell: Vec<(usize, usize)> = logs
             .iter()
             .enumerate()
@@ -223,14 +133,12 @@ async fn rolling_restart_of_every_cell_keeps_one_server_per_host() {
         rolled_hosts += on_cell.len();
     }
 
-    sampler_stop.store(true, Ordering::SeqCst);
-    let samples = sampler.await.unwrap();
+    let (samples, violations) = sampler.stop().await;
     stop.store(true, Ordering::SeqCst);
     for task in tasks {
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
     }
 
-    let violations = violations.lock().unwrap().clone();
     assert!(
         violations.is_empty(),
         "hosts with controls on two cells: {violations:?}"

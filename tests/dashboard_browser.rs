@@ -10,6 +10,9 @@
 //! Needs `chromium` (Debian package): without it the test prints a note and passes, except under
 //! `CI=true` where it fails (.ci/run installs it).
 
+// Both the cell and the cluster harness are included, each with the common toolkit.
+#![allow(clippy::duplicate_mod)]
+
 #[path = "support/cell/mod.rs"]
 mod cell_support;
 #[path = "support/cluster/mod.rs"]
@@ -313,8 +316,13 @@ async fn check_director(b: &mut Browser, base: &str, token: &str, name: &str, wr
         "{cards}"
     );
     assert!(cards.contains("Regional rehome"), "{cards}");
-    // Let the charts draw a second point before the picture.
-    tokio::time::sleep(Duration::from_millis(5500)).await;
+    // The charts have drawn a second point (the next 5 s poll) before the picture.
+    b.wait_for(
+        "a second chart point",
+        "[...document.querySelectorAll('svg path')].some(p => (p.getAttribute('d') || '').includes('L'))",
+        Duration::from_secs(15),
+    )
+    .await;
     let errs = b.errors(&allow);
     assert!(errs.is_empty(), "console errors: {errs:?}");
     screenshot(b, name).await;

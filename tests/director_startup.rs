@@ -103,13 +103,7 @@ async fn http_client_beats_with_a_cluster_token_and_loops_until_shutdown() {
         d.register("A", US, false).await;
         // The cell side: its own context with ORCA_RELAY_DIRECTOR_URL set.
         let dir = orca_relay::store::testing::temp_dir("orca-cell-ctx");
-        #[derive(clap::Parser)]
-        struct W {
-            #[command(flatten)]
-            serve: orca_relay::config::ServeArgs,
-        }
-        use clap::Parser;
-        let w = W::try_parse_from([
+        let config = director_common::common::serve::config(&[
             "x",
             "--role",
             "cell",
@@ -129,9 +123,7 @@ async fn http_client_beats_with_a_cluster_token_and_loops_until_shutdown() {
             CLUSTER,
             "--admin-token",
             ADMIN,
-        ])
-        .unwrap();
-        let config = orca_relay::config::Config::from_args(&w.serve).unwrap();
+        ]);
         let db = orca_relay::store::Db::connect(&t.url, 2).await.unwrap();
         let ctx =
             orca_relay::app::Ctx::new(config, db, Arc::new(orca_relay::metrics::Metrics::new()));

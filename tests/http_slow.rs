@@ -16,8 +16,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// Headers of a POST with a 200-byte body, then one body byte a second; returns when the server
-/// answers and closes: (time from the first body byte, the answer's status line).
-async fn slow_body(addr: SocketAddr) -> (Duration, String) {
+/// answers and closes: (time from the first body byte, the answer's status line). `trickling`
+/// hears once the headers and the first byte are out.
+async fn slow_body(
+    addr: SocketAddr,
+    trickling: tokio::sync::mpsc::Sender<()>,
+) -> (Duration, String) {
     let mut s = TcpStream::connect(addr).await.unwrap();
     let head = format!(
         "POST /v1/admin/cell-status HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {ADMIN}\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n"
@@ -26,9 +30,13 @@ async fn slow_body(addr: SocketAddr) -> (Duration, String) {
     let started = Instant::now();
     let mut got = Vec::new();
     let mut buf = [0u8; 1024];
+    let mut trickling = Some(trickling);
     loop {
         if s.write_all(b" ").await.is_err() {
             // The server closed: read what it answered.
+        }
+        if let Some(t) = trickling.take() {
+            let _ = t.send(()).await;
         }
         match tokio::time::timeout(Duration::from_secs(1), s.read(&mut buf)).await {
             Ok(Ok(0)) | Ok(Err(_)) => break,
@@ -51,9 +59,15 @@ async fn slow_bodies_are_cut_off_and_pairing_still_works() {
     let db = orca_relay::store::testing::TestDb::sqlite().await;
     let s = start_on(&db.url, &[]).await;
     let addr = s.running.addr;
-    let slow: Vec<_> = (0..40).map(|_| tokio::spawn(slow_body(addr))).collect();
-    // While they trickle: a host and a phone pair.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (trickling, mut started) = tokio::sync::mpsc::channel(40);
+    let slow: Vec<_> = (0..40)
+        .map(|_| tokio::spawn(slow_body(addr, trickling.clone())))
+        .collect();
+    // While they trickle (all 40 have sent their headers and a first byte): a host and a phone
+    // pair.
+    for _ in 0..40 {
+        started.recv().await.expect("a slow body started");
+    }
     let host = Host::assigned(&s, "slow-body").await;
     let mut c = host.connect(&s).await;
     let invite = c.create_invite("r1", "d1").await.expect("invite");
@@ -130,26 +144,15 @@ async fn http_connections_are_bounded() {
         let _ = tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut got)).await;
         String::from_utf8_lossy(&got).into_owned()
     };
-    let mut refused = false;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        if health().await.is_empty() {
-            refused = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(refused, "connection over the bound was served");
+    assert!(
+        eventually_async(SEC * 5, || async { health().await.is_empty() }).await,
+        "connection over the bound was served"
+    );
     drop(idle);
-    let mut served = false;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if health().await.starts_with("HTTP/1.1 200") {
-            served = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let served = eventually_async(SEC * 10, || async {
+        health().await.starts_with("HTTP/1.1 200")
+    })
+    .await;
     assert!(served, "served again once the idle connections closed");
     s.running.shutdown().await;
 }

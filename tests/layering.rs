@@ -128,6 +128,46 @@ fn store_knows_no_roles_and_no_logging() {
     );
 }
 
+/// `log::…` (a macro or path) or `use log…`: logging through the `log` crate.
+fn logs(code: &str) -> bool {
+    let bytes = code.as_bytes();
+    code.match_indices("log::").any(|(i, _)| {
+        i == 0
+            || !(bytes[i - 1].is_ascii_alphanumeric()
+                || bytes[i - 1] == b'_'
+                || bytes[i - 1] == b':')
+    }) || code.contains("use log")
+}
+
+/// A read of the wall clock: `clock::now_ms`, `SystemTime::now`, chrono's `Utc::now`/`Local::now`.
+/// A monotonic `Instant` for a latency metric or a wait is not a time stamp and stays allowed.
+fn reads_clock(code: &str) -> bool {
+    ["clock::now_ms", "SystemTime::now", "Utc::now", "Local::now"]
+        .iter()
+        .any(|n| code.contains(n))
+}
+
+#[test]
+fn store_logs_nothing() {
+    rule(
+        "src/store logs (report through store::observe; the caller logs)",
+        &["src/store"],
+        &[],
+        |_, code| logs(code),
+    );
+}
+
+#[test]
+fn store_reads_no_clock() {
+    rule(
+        "src/store reads the clock (take `now` from the caller)",
+        &["src/store"],
+        // Test fixtures (`TestDb`), not storage: they migrate a fresh database at test time.
+        &["src/store/testing.rs"],
+        |_, code| reads_clock(code),
+    );
+}
+
 #[test]
 fn roles_hold_no_sql() {
     rule(
@@ -302,4 +342,12 @@ fn the_checks_see_what_they_look_for() {
             || holds_sql("let q = \"UPDATE t SET a = 1\";")
     );
     assert!(!holds_sql("let s = \"selected\";"));
+    assert!(logs("log::warn!(\"x\");"));
+    assert!(logs("use log::info;"));
+    assert!(!logs("let catalog = dialog::x();"));
+    assert!(reads_clock("let t = crate::clock::now_ms();"));
+    assert!(reads_clock("let t = std::time::SystemTime::now();"));
+    assert!(!reads_clock("let t = std::time::Instant::now();"));
+    assert!(!logs("let c = crate::catalog::x();"));
+    assert!(!reads_clock("fn f(now: i64) {}"));
 }

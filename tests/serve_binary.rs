@@ -1,50 +1,39 @@
 //! The real binary: `orca-relay serve` with nothing configured creates its data directory and
 //! secrets, serves, restarts with the same secrets, exits on SIGTERM, and never logs a secret.
 
-use std::io::{BufRead, BufReader};
+#[path = "support/common/mod.rs"]
+mod common;
+
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+use common::proc::{self as cproc, Log, Spec};
 use orca_relay::store::testing::{temp_dir, TestDb};
 
 struct Server {
     child: Child,
     addr: String,
-    log: Arc<Mutex<Vec<String>>>,
+    log: Log,
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 fn spawn(cwd: &Path, envs: &[(&str, &str)]) -> Server {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_orca-relay"));
-    cmd.arg("serve")
-        .current_dir(cwd)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("RUST_LOG", "info")
-        .env("ORCA_RELAY_LISTEN", "127.0.0.1:0")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    for (k, v) in envs {
-        cmd.env(k, v);
+    let mut all = vec![("ORCA_RELAY_LISTEN".to_string(), "127.0.0.1:0".to_string())];
+    all.extend(envs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let spec = Spec {
+        cwd: Some(cwd),
+        ..Spec::new("serve", &[], &all)
+    };
+    let log = Log::default();
+    let s = cproc::spawn_serve(&spec, &log, Duration::from_secs(20))
+        .unwrap_or_else(|()| panic!("server did not start: {:?}", cproc::lines(&log)));
+    Server {
+        child: s.child,
+        addr: s.addr,
+        log,
+        reader: Some(s.reader),
     }
-    let mut child = cmd.spawn().expect("spawn orca-relay");
-    let stderr = child.stderr.take().unwrap();
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let sink = log.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(i) = line.find("listening on http://") {
-                let _ = tx.send(line[i + "listening on http://".len()..].trim().to_string());
-            }
-            sink.lock().unwrap().push(line);
-        }
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(20))
-        .unwrap_or_else(|_| panic!("server did not start: {:?}", log.lock().unwrap()));
-    Server { child, addr, log }
 }
 
 impl Server {
@@ -52,31 +41,22 @@ impl Server {
         format!("http://{}{}", self.addr, path)
     }
 
-    /// SIGTERM and wait; returns the exit code and how long it took.
+    /// SIGTERM and wait; returns the exit code, how long it took and every line it logged.
     fn terminate(mut self) -> (i32, Duration, Vec<String>) {
         let start = Instant::now();
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        let status = cproc::terminate(&mut self.child, Duration::from_secs(12), "serve");
+        let took = start.elapsed();
+        // The reader ends at the end of the child's stderr: after it, every line is in the log.
+        if let Some(r) = self.reader.take() {
+            r.join().expect("stderr reader");
         }
-        let status = loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(12),
-                "no exit after SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        std::thread::sleep(Duration::from_millis(50));
-        let log = self.log.lock().unwrap().clone();
-        (status.code().unwrap_or(-1), start.elapsed(), log)
+        (status.code().unwrap_or(-1), took, cproc::lines(&self.log))
     }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        cproc::kill(&mut self.child);
     }
 }
 

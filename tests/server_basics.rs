@@ -1,9 +1,11 @@
 //! The server skeleton over real HTTP: health and readiness, role routing, body limits, the admin
 //! bearer, and `POST /v1/host-token` (protocol.md §2.1, P-01/P-02).
 
-use orca_relay::config::{Config, ServeArgs};
+#[path = "support/common/mod.rs"]
+mod common;
+
 use orca_relay::crypto;
-use orca_relay::server::{self, Running};
+use orca_relay::server::Running;
 use orca_relay::store::testing::temp_dir;
 
 const SIGNING: &str = "0123456789abcdef0123456789abcdef";
@@ -16,6 +18,7 @@ async fn start(role: &str, extra: &[&str]) -> Running {
     let db = format!("sqlite://{}/relay.sqlite3", dir.display());
     let data = dir.display().to_string();
     let mut args = vec![
+        "orca-relay",
         "--listen",
         "127.0.0.1:0",
         "--role",
@@ -37,8 +40,7 @@ async fn start(role: &str, extra: &[&str]) -> Running {
         args.extend(["--director-url", "http://127.0.0.1:9"]);
     }
     args.extend_from_slice(extra);
-    let cfg = Config::from_args(&ServeArgs::parse_flags(args).unwrap()).unwrap();
-    server::start(cfg).await.expect("server starts")
+    common::serve::start(&args).await
 }
 
 fn url(r: &Running, path: &str) -> String {
@@ -314,6 +316,7 @@ async fn unconfigured_self_hosted_key_always_refuses() {
     let dir = temp_dir("orca-relay-server");
     let db = format!("sqlite://{}/relay.sqlite3", dir.display());
     let args = vec![
+        "orca-relay",
         "--listen",
         "127.0.0.1:0",
         "--role",
@@ -327,8 +330,7 @@ async fn unconfigured_self_hosted_key_always_refuses() {
         "--cluster-key",
         CLUSTER,
     ];
-    let cfg = Config::from_args(&ServeArgs::parse_flags(args).unwrap()).unwrap();
-    let r = server::start(cfg).await.unwrap();
+    let r = common::serve::start(&args).await;
     let (key, id) = key_and_id();
     let resp = reqwest::Client::new()
         .post(url(&r, "/v1/host-token"))

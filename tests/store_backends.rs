@@ -24,7 +24,10 @@ async fn migrations_apply_once_and_record_versions() {
     for t in backends().await {
         // `backends()` already migrated; a second run applies nothing.
         assert!(
-            migrate::apply(&t.db).await.unwrap().is_empty(),
+            migrate::apply(&t.db, orca_relay::clock::now_ms())
+                .await
+                .unwrap()
+                .is_empty(),
             "{:?}",
             t.kind()
         );

@@ -12,11 +12,9 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use futures_util::{SinkExt, StreamExt};
-use orca_relay::cell::testkit::{self, Hello, HostIdentity, Pair};
+use orca_relay::cell::testkit::{self, Pair};
 use orca_relay::store::testing::temp_dir;
-use support::{served_cert, Relay, TestCa};
-use tokio_tungstenite::tungstenite::Message;
+use support::{served_cert, splice_works, Relay, TestCa};
 
 const SIGNING: &str = "tls-acme-signing-key-tls-acme-signing-key-01";
 const SELF_HOSTED: &str = "tls-acme-self-hosted-key-tls-acme-self-hosted";
@@ -103,36 +101,8 @@ fn start_pebble(dir: &std::path::Path, ca: &TestCa, tls_port: u16) -> (Pebble, u
 }
 
 async fn pair(public: &str) -> (testkit::HostControl, Pair) {
-    let host = HostIdentity::generate("acme-user");
-    let token = host.token(SIGNING, public);
-    let (cell, epoch) = testkit::assign(public, &token, &host.relay_host_id)
-        .await
-        .expect("assign");
-    let hello = Hello {
-        epoch,
-        ..Hello::default()
-    };
-    let mut control = testkit::connect_control(&cell, &host, &token, public, &hello)
-        .await
-        .expect("control");
-    let invite = control
-        .create_invite("r1", "phone-1")
-        .await
-        .expect("invite");
-    let p = testkit::pair_phone(&cell, &mut control, &host.relay_host_id, &invite, &[])
-        .await
-        .expect("pair");
+    let (_, control, p) = support::paired(public, SIGNING, "acme-user").await;
     (control, p)
-}
-
-async fn splice_works(p: &mut Pair, tag: &str) {
-    let within = Duration::from_secs(10);
-    p.phone.send(Message::text(tag.to_string())).await.unwrap();
-    let got = tokio::time::timeout(within, p.data.next()).await.unwrap();
-    assert_eq!(got.unwrap().unwrap(), Message::text(tag.to_string()));
-    p.data.send(Message::binary(vec![1u8; 4096])).await.unwrap();
-    let got = tokio::time::timeout(within, p.phone.next()).await.unwrap();
-    assert_eq!(got.unwrap().unwrap(), Message::binary(vec![1u8; 4096]));
 }
 
 fn count(relay: &Relay, needle: &str) -> usize {

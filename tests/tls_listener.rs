@@ -10,12 +10,10 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use futures_util::{SinkExt, StreamExt};
-use orca_relay::cell::testkit::{self, Hello, HostIdentity, Pair};
+use orca_relay::cell::testkit::{self, Pair};
 use orca_relay::store::testing::temp_dir;
-use support::{first_der, served_cert, write_pair, Relay, TestCa};
+use support::{first_der, served_cert, splice_works, write_pair, Relay, TestCa};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio_tungstenite::tungstenite::Message;
 
 const SIGNING: &str = "tls-test-signing-key-tls-test-signing-key-01";
 const SELF_HOSTED: &str = "tls-self-hosted-key-tls-self-hosted-key-01";
@@ -38,45 +36,12 @@ fn envs(cert: &std::path::Path, key: &std::path::Path) -> Vec<(&'static str, Str
 
 /// A host with a control socket and one paired phone, all over TLS.
 async fn paired(public: &str) -> (testkit::HostControl, Pair) {
-    let host = HostIdentity::generate("tls-user");
-    let token = host.token(SIGNING, public);
-    let (cell_url, epoch) = testkit::assign(public, &token, &host.relay_host_id)
-        .await
-        .expect("assign over https");
+    let (cell_url, control, pair) = support::paired(public, SIGNING, "tls-user").await;
     assert_eq!(
         cell_url, public,
         "with TLS on the cell URL defaults to https"
     );
-    let hello = Hello {
-        epoch,
-        ..Hello::default()
-    };
-    let mut control = testkit::connect_control(&cell_url, &host, &token, public, &hello)
-        .await
-        .expect("control over wss");
-    let invite = control
-        .create_invite("r1", "phone-1")
-        .await
-        .expect("invite");
-    let pair = testkit::pair_phone(&cell_url, &mut control, &host.relay_host_id, &invite, &[])
-        .await
-        .expect("phone pairs over wss");
     (control, pair)
-}
-
-/// Both directions of the splice still carry frames.
-async fn splice_works(p: &mut Pair, tag: &str) {
-    let within = Duration::from_secs(10);
-    p.phone
-        .send(Message::text(format!("up-{tag}")))
-        .await
-        .unwrap();
-    let got = tokio::time::timeout(within, p.data.next()).await.unwrap();
-    assert_eq!(got.unwrap().unwrap(), Message::text(format!("up-{tag}")));
-    let blob = vec![7u8; 16 * 1024];
-    p.data.send(Message::binary(blob.clone())).await.unwrap();
-    let got = tokio::time::timeout(within, p.phone.next()).await.unwrap();
-    assert_eq!(got.unwrap().unwrap(), Message::binary(blob));
 }
 
 async fn metric(relay: &Relay, series: &str) -> f64 {

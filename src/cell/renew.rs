@@ -60,14 +60,21 @@ async fn batcher(ctx: Ctx, mut rx: mpsc::Receiver<Job>) {
             }
         }
         let rows: Vec<RenewalRow> = jobs.iter().map(|(r, _)| r.clone()).collect();
-        let outcomes = store::renew_control_activities(
+        let outcomes = match store::try_renew_control_activities(
             &ctx.db,
             &ctx.config.cell_id,
             &ctx.incarnation,
             &rows,
             crate::clock::now_ms(),
         )
-        .await;
+        .await
+        {
+            Ok(v) => v,
+            Err(e) => {
+                log::warn!("[orca-relay] control renewal batch failed: {e}");
+                vec![RenewalOutcome::DatabaseError; rows.len()]
+            }
+        };
         for (i, (_, reply)) in jobs.into_iter().enumerate() {
             let _ = reply.send(
                 outcomes

@@ -816,7 +816,9 @@ pub async fn release_activity(
     })
 }
 
-/// Renews a batch of control activities of one cell, one outcome per row, in order.
+/// Renews a batch of control activities of one cell, one outcome per row, in order; a failed
+/// batch reads as `DatabaseError` for every row (see [`try_renew_control_activities`] for the
+/// error itself).
 pub async fn renew_control_activities(
     db: &Db,
     cell_id: &str,
@@ -824,6 +826,20 @@ pub async fn renew_control_activities(
     rows: &[RenewalRow],
     now: i64,
 ) -> Vec<RenewalOutcome> {
+    try_renew_control_activities(db, cell_id, cell_incarnation, rows, now)
+        .await
+        .unwrap_or_else(|_| vec![RenewalOutcome::DatabaseError; rows.len()])
+}
+
+/// [`renew_control_activities`] that hands a failed batch's error to the caller (the cell logs
+/// it; the store logs nothing).
+pub async fn try_renew_control_activities(
+    db: &Db,
+    cell_id: &str,
+    cell_incarnation: &str,
+    rows: &[RenewalRow],
+    now: i64,
+) -> Result<Vec<RenewalOutcome>, DbError> {
     let incarnation = cell_incarnation.to_ascii_lowercase();
     // Pre-checks that need no database.
     let pre: Vec<Option<RenewalOutcome>> = rows
@@ -955,11 +971,5 @@ pub async fn renew_control_activities(
         }
         Ok::<_, DbError>(out)
     });
-    match result {
-        Ok(v) => v,
-        Err(e) => {
-            log::warn!("[orca-relay] control renewal batch failed: {e}");
-            vec![RenewalOutcome::DatabaseError; rows.len()]
-        }
-    }
+    result
 }

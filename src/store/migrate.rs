@@ -50,8 +50,9 @@ const POSTGRES: &[Migration] = &[
 
 const LOCK_SCOPE: &str = "orca-relay-schema-migrations";
 
-/// Applies pending migrations; returns the versions applied now.
-pub async fn apply(db: &Db) -> Result<Vec<i64>, DbError> {
+/// Applies pending migrations, recording `now` (epoch ms, the caller's clock: the store reads
+/// none) as their `applied_at`; returns the versions applied now.
+pub async fn apply(db: &Db, now: i64) -> Result<Vec<i64>, DbError> {
     let mut tx = db.begin().await?;
     tx.execute_batch(
         "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)",
@@ -89,7 +90,7 @@ pub async fn apply(db: &Db) -> Result<Vec<i64>, DbError> {
         tx.execute_batch(m.sql).await?;
         tx.execute(
             "INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)",
-            params![m.version, m.name, crate::clock::now_ms()],
+            params![m.version, m.name, now],
         )
         .await?;
         tx.commit().await?;

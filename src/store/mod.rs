@@ -93,22 +93,56 @@ impl RetryClass for DbError {
 /// Attempts per transaction (README §5).
 pub const TX_ATTEMPTS: u32 = 3;
 
-/// Sleeps 0–25 ms (full jitter) before a retry and logs the retry event.
+/// What the store reports about itself. Storage knows no logger (tests/layering.rs): the
+/// composition root installs an observer with [`observe`] that turns these into log events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreEvent<'a> {
+    /// A transaction is retried after a retryable error.
+    Retry {
+        phase: &'a str,
+        code: &'a str,
+        attempt: u32,
+    },
+    /// A transaction's retries ran out.
+    RetryExhausted {
+        phase: &'a str,
+        code: &'a str,
+        attempts: u32,
+    },
+}
+
+static OBSERVER: std::sync::OnceLock<fn(StoreEvent<'_>)> = std::sync::OnceLock::new();
+
+/// Installs the process's store observer (the first call wins; later ones are ignored, so every
+/// in-process server of a test binary may call it).
+pub fn observe(f: fn(StoreEvent<'_>)) {
+    let _ = OBSERVER.set(f);
+}
+
+fn report(e: StoreEvent<'_>) {
+    if let Some(f) = OBSERVER.get() {
+        f(e);
+    }
+}
+
+/// Sleeps 0–25 ms (full jitter) before a retry and reports the retry.
 pub async fn retry_pause(phase: &str, code: &str, attempt: u32) {
-    log::info!(
-        "{}",
-        serde_json::json!({"event":"orca_relay_postgres_transaction_retry","code":code,"attempt":attempt,"phase":phase})
-    );
+    report(StoreEvent::Retry {
+        phase,
+        code,
+        attempt,
+    });
     let ms: u64 = rand::random::<u64>() % 26;
     tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
 }
 
-/// Logs that the retries ran out.
+/// Reports that the retries ran out.
 pub fn retry_exhausted(phase: &str, code: &str, attempts: u32) {
-    log::warn!(
-        "{}",
-        serde_json::json!({"event":"orca_relay_postgres_transaction_retry_exhausted","code":code,"attempts":attempts,"phase":phase})
-    );
+    report(StoreEvent::RetryExhausted {
+        phase,
+        code,
+        attempts,
+    });
 }
 
 /// Runs `$body` inside a transaction on `$db`, committing on `Ok` and rolling back on `Err`, and

@@ -31,7 +31,9 @@ impl TestDb {
         let dir = temp_dir("orca-relay-test");
         let url = format!("sqlite://{}/relay.sqlite3", dir.display());
         let db = Db::connect(&url, 4).await.expect("open sqlite");
-        migrate::apply(&db).await.expect("migrate sqlite");
+        migrate::apply(&db, crate::clock::now_ms())
+            .await
+            .expect("migrate sqlite");
         TestDb {
             db,
             url,
@@ -58,7 +60,9 @@ impl TestDb {
             .expect("create test schema");
         let url = with_search_path(&base, &schema);
         let db = Db::connect(&url, 10).await.expect("open postgres");
-        migrate::apply(&db).await.expect("migrate postgres");
+        migrate::apply(&db, crate::clock::now_ms())
+            .await
+            .expect("migrate postgres");
         Some(TestDb {
             db,
             url,

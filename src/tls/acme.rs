@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::server::{covers, load_pair, Resolver};
 use super::{ExtraCa, TlsArgs};
-use crate::config::ConfigError;
+use crate::config::{err as cfg_err, int_in, ConfigError};
 
 /// Validated ACME settings.
 #[derive(Clone, Debug)]
@@ -46,10 +46,6 @@ pub struct AcmeSettings {
 /// First retry after a failed order; doubles up to an hour.
 const RETRY_FIRST: Duration = Duration::from_secs(30);
 const RETRY_MAX: Duration = Duration::from_secs(3600);
-
-fn cfg_err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
-    Err(ConfigError(msg.into()))
-}
 
 pub(super) fn parse(
     a: &TlsArgs,
@@ -91,10 +87,12 @@ pub(super) fn parse(
         None | Some("") => data_dir.join("acme"),
         Some(p) => PathBuf::from(p),
     };
-    let days = match a.tls_acme_renew_before_days.trim().parse::<u64>() {
-        Ok(v) if (1..=3650).contains(&v) => v,
-        _ => return cfg_err("ORCA_RELAY_TLS_ACME_RENEW_BEFORE_DAYS must be an integer in 1..3650"),
-    };
+    let days = int_in(
+        "ORCA_RELAY_TLS_ACME_RENEW_BEFORE_DAYS",
+        &a.tls_acme_renew_before_days,
+        1,
+        3650,
+    )? as u64;
     std::fs::create_dir_all(&cache_dir).or_else(|e| {
         cfg_err(format!(
             "ORCA_RELAY_TLS_ACME_CACHE_DIR: cannot create {}: {e}",

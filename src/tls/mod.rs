@@ -21,7 +21,7 @@ use clap::Args;
 use rustls::pki_types::CertificateDer;
 use rustls::sign::CertifiedKey;
 
-use crate::config::ConfigError;
+use crate::config::{err as cfg_err, int_in, opt_trimmed as opt, switch, ConfigError};
 
 /// The deployment shapes, printed under `orca-relay serve --help`.
 pub const SHAPES_HELP: &str = "\
@@ -113,16 +113,6 @@ pub struct ExtraCa {
     pub certs: Vec<CertificateDer<'static>>,
 }
 
-fn opt(v: &Option<String>) -> Option<String> {
-    v.as_ref()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-}
-
-fn cfg_err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
-    Err(ConfigError(msg.into()))
-}
-
 /// Reads `ORCA_RELAY_TLS_EXTRA_CA` (at least one PEM certificate).
 pub fn parse_extra_ca(a: &TlsArgs) -> Result<ExtraCa, ConfigError> {
     let Some(path) = opt(&a.tls_extra_ca) else {
@@ -144,11 +134,7 @@ pub fn parse_extra_ca(a: &TlsArgs) -> Result<ExtraCa, ConfigError> {
 
 /// Validates the listener's TLS settings; `None` = plain HTTP. Reads the certificate files.
 pub fn parse_settings(a: &TlsArgs, data_dir: &Path) -> Result<Option<TlsSettings>, ConfigError> {
-    let metrics_tls = match a.metrics_tls.trim() {
-        "" | "0" | "false" => false,
-        "1" | "true" => true,
-        _ => return cfg_err("ORCA_RELAY_METRICS_TLS must be 0, 1, true or false"),
-    };
+    let metrics_tls = switch("ORCA_RELAY_METRICS_TLS", &a.metrics_tls)?;
     let cert = opt(&a.tls_cert);
     let key = opt(&a.tls_key);
     let domains = opt(&a.tls_acme_domains);
@@ -173,14 +159,12 @@ pub fn parse_settings(a: &TlsArgs, data_dir: &Path) -> Result<Option<TlsSettings
             return cfg_err("ORCA_RELAY_TLS_CERT is required with ORCA_RELAY_TLS_KEY")
         }
         (Some(cert), Some(key), None) => {
-            let reload_ms = match a.tls_reload_interval_ms.trim().parse::<u64>() {
-                Ok(v) if (100..=3_600_000).contains(&v) => v,
-                _ => {
-                    return cfg_err(
-                        "ORCA_RELAY_TLS_RELOAD_INTERVAL_MS must be an integer in 100..3600000",
-                    )
-                }
-            };
+            let reload_ms = int_in(
+                "ORCA_RELAY_TLS_RELOAD_INTERVAL_MS",
+                &a.tls_reload_interval_ms,
+                100,
+                3_600_000,
+            )? as u64;
             let (cert, key) = (PathBuf::from(cert), PathBuf::from(key));
             let (c, k) = server::read_pair_files(&cert, &key).map_err(ConfigError)?;
             let initial = server::load_pair(&c, &k).map_err(ConfigError)?;

@@ -7,13 +7,14 @@
 
 #![allow(dead_code)]
 
+#[path = "../support/common/mod.rs"]
+pub mod common;
+
 use std::collections::HashMap;
-use std::sync::{Mutex, Once};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use clap::Parser;
-use orca_relay::config::{Config, ServeArgs};
-use orca_relay::server::{self, Running};
+use orca_relay::server::Running;
 use orca_relay::store::testing::TestDb;
 use orca_relay::store::Db;
 use serde_json::{json, Value};
@@ -25,40 +26,14 @@ pub const SELF_HOSTED: &str = "selfhostedkey_0123456789abcdef_ABCDEF";
 pub const ADMIN: &str = "admin-token-0123456789abcdef-0123456789";
 pub const CLUSTER: &str = "cluster-key-0123456789abcdef-0123456789";
 
-#[derive(Parser)]
-struct Wrapper {
-    #[command(flatten)]
-    serve: ServeArgs,
-}
-
-static LOGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-struct Capture;
-
-impl log::Log for Capture {
-    fn enabled(&self, _: &log::Metadata) -> bool {
-        true
-    }
-    fn log(&self, r: &log::Record) {
-        if r.target().starts_with("orca_relay") {
-            LOGS.lock().unwrap().push(r.args().to_string());
-        }
-    }
-    fn flush(&self) {}
-}
-
-/// Installs the capturing logger once per test binary.
+/// Installs the capturing logger once per test binary (the common capture).
 pub fn capture_logs() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let _ = log::set_boxed_logger(Box::new(Capture));
-        log::set_max_level(log::LevelFilter::Info);
-    });
+    common::logs::install();
 }
 
-/// Every captured line so far (all tests of the binary).
+/// Every line the crate logged so far (all tests of the binary).
 pub fn logs() -> Vec<String> {
-    LOGS.lock().unwrap().clone()
+    common::logs::texts("orca_relay")
 }
 
 /// Lines containing every needle.
@@ -135,9 +110,7 @@ pub async fn start(t: &TestDb, extra: &[&str]) -> Dir {
         args.drain(1..3);
     }
     args.extend(extra.iter().map(|s| s.to_string()));
-    let w = Wrapper::try_parse_from(args).expect("args");
-    let config = Config::from_args(&w.serve).expect("config");
-    let run = server::start(config).await.expect("start");
+    let run = common::serve::start(&args).await;
     let base = format!("http://{}", run.addr);
     Dir {
         db: run.ctx.db.clone(),

@@ -3,24 +3,24 @@
 //! set, Postgres; plus host/phone helpers from `orca_relay::cell::testkit`.
 #![allow(dead_code)]
 
+#[path = "../common/mod.rs"]
+pub mod common;
+
 use std::time::Duration;
 
-use clap::Parser;
 use orca_relay::cell::testkit::{self, Hello, HostControl, HostIdentity};
-use orca_relay::config::{Config, ServeArgs};
-use orca_relay::server::{self, Running};
+use orca_relay::server::Running;
 use orca_relay::store::testing::{backends, temp_dir, TestDb};
+
+#[allow(unused_imports)]
+pub use common::time::{real_deadline, real_eventually, ManualTime};
+#[allow(unused_imports)]
+pub use common::wait::{eventually, eventually_async, wait_until};
 
 pub const SIGNING: &str = "0123456789abcdef0123456789abcdef";
 pub const SELF_HOSTED: &str = "self-hosted-key-self-hosted-key-0001";
 pub const ADMIN: &str = "admin-token-admin-token-admin-token-0001";
 pub const CLUSTER: &str = "cluster-key-cluster-key-cluster-key-0001";
-
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    serve: ServeArgs,
-}
 
 pub struct Server {
     pub running: Running,
@@ -53,14 +53,35 @@ pub async fn start_on(db_url: &str, extra: &[&str]) -> Server {
         CLUSTER,
     ];
     args.extend_from_slice(extra);
-    let cli = Cli::try_parse_from(args).expect("flags parse");
-    let cfg = Config::from_args(&cli.serve).expect("config");
-    let running = server::start(cfg).await.expect("server starts");
+    let running = common::serve::start(&args).await;
     Server {
         url: format!("http://{}", running.addr),
         public_url: running.ctx.config.public_url.clone(),
         cell_url: running.ctx.config.cell_url.clone(),
         running,
+    }
+}
+
+impl Server {
+    /// `f` of the cell's session for `key`, if it has one (the test's view of server state for
+    /// "wait until the cell saw it" conditions).
+    pub fn session<T>(
+        &self,
+        key: &orca_relay::store::assignments::HostKey,
+        f: impl FnOnce(&orca_relay::cell::session::Inner) -> T,
+    ) -> Option<T> {
+        let cell = self.running.cell.as_ref().expect("cell role");
+        let session = cell.registry().get(key)?;
+        let st = session.lock();
+        Some(f(&st))
+    }
+
+    /// The state of the cell's session for `key`, if it has one.
+    pub fn session_state(
+        &self,
+        key: &orca_relay::store::assignments::HostKey,
+    ) -> Option<orca_relay::cell::session::State> {
+        self.session(key, |st| st.state)
     }
 }
 
@@ -88,6 +109,14 @@ impl Host {
         Host { id, token, epoch }
     }
 
+    /// The key the cell files this host's session under.
+    pub fn key(&self) -> orca_relay::store::assignments::HostKey {
+        orca_relay::store::assignments::HostKey {
+            user_id: self.id.user_id.clone(),
+            relay_host_id: self.id.relay_host_id.clone(),
+        }
+    }
+
     pub fn hello(&self) -> Hello {
         Hello {
             epoch: self.epoch,
@@ -111,18 +140,6 @@ impl Host {
 }
 
 pub const SEC: Duration = Duration::from_secs(1);
-
-/// Polls `f` every 10 ms until it is true or `within` passes.
-pub async fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + within;
-    while tokio::time::Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    f()
-}
 
 /// Moves tokio's clock forward by `d` at once; with the test clock (`clock::now_ms` follows tokio
 /// time in this crate's tests) the in-process server's rules see `d` pass too, and its timers due
@@ -156,4 +173,29 @@ pub async fn raw_upgrade(addr: std::net::SocketAddr, path: &str, extra_headers: 
         }
     }
     String::from_utf8_lossy(&got).into_owned()
+}
+
+/// A sync point on a control socket: sends a frame of an unknown type and waits for its
+/// `unknown_control_message` error. The cell reads a control socket in order and handles `pong`
+/// and `auth-refresh` before it reads the next frame, so when this returns every frame sent
+/// before it has taken effect. Pings met on the way are skipped, not answered.
+pub async fn barrier(c: &mut HostControl) {
+    c.send(serde_json::json!({"type":"test-barrier"})).await;
+    loop {
+        let v = real_deadline(
+            SEC * 20,
+            "barrier reply",
+            testkit::recv_json(&mut c.ws, Duration::from_secs(3_600)),
+        )
+        .await
+        .expect("control open");
+        if v["type"] == "ping" {
+            continue;
+        }
+        assert_eq!(
+            v,
+            serde_json::json!({"type":"control-error","code":"unknown_control_message"})
+        );
+        return;
+    }
 }

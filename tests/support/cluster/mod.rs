@@ -3,11 +3,16 @@
 //! operator routes, and the invariant sampler (no host with live controls on two cells).
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+#[path = "../common/mod.rs"]
+pub mod common;
+
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+#[allow(unused_imports)]
+pub use common::wait::wait_until;
 
 use orca_relay::cell::testkit::{self, Hello, HostIdentity};
 use orca_relay::store::Db;
@@ -45,70 +50,31 @@ impl Proc {
 
     /// Starts the process and waits for its listener.
     pub fn start(&mut self) {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_orca-relay"));
-        cmd.arg("serve")
-            .args(&self.args)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        for (k, v) in &self.envs {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn orca-relay");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let sink = self.log.clone();
-        let name = self.name.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("listening on http://") {
-                    let _ = tx.send(());
-                }
-                if std::env::var("CLUSTER_TEST_VERBOSE").is_ok() {
-                    eprintln!("[{name}] {line}");
-                }
-                sink.lock().unwrap().push(line);
-            }
-        });
-        rx.recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| {
+        let spec = common::proc::Spec {
+            verbose_env: "CLUSTER_TEST_VERBOSE",
+            ..common::proc::Spec::new(&self.name, &self.args, &self.envs)
+        };
+        let spawned = common::proc::spawn_serve(&spec, &self.log, Duration::from_secs(30))
+            .unwrap_or_else(|()| {
                 panic!(
                     "{} did not start: {:?}",
                     self.name,
-                    self.log.lock().unwrap()
+                    common::proc::lines(&self.log)
                 )
             });
-        self.child = Some(child);
+        self.child = Some(spawned.child);
     }
 
     /// SIGTERM and wait for a clean exit.
     pub fn terminate(&mut self) {
         let mut child = self.child.take().expect("running");
-        unsafe {
-            libc::kill(child.id() as i32, libc::SIGTERM);
-        }
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(11),
-                "{} ignored SIGTERM",
-                self.name
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let status = common::proc::terminate(&mut child, Duration::from_secs(11), &self.name);
         assert_eq!(
             status.code(),
             Some(0),
             "{} exit: {:?}",
             self.name,
-            self.log
-                .lock()
-                .unwrap()
+            common::proc::lines(&self.log)
                 .iter()
                 .rev()
                 .take(10)
@@ -120,8 +86,7 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+            common::proc::kill(&mut c);
         }
     }
 }
@@ -161,18 +126,6 @@ pub async fn cell_status(director: &str) -> Vec<serde_json::Value> {
         .as_array()
         .cloned()
         .unwrap_or_default()
-}
-
-pub async fn wait_until<F, Fut>(what: &str, within: Duration, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while !f().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// One host: assign (alternating directors), connect, keep the control alive, reconnect on close.
@@ -304,19 +257,23 @@ pub async fn double_served(db: &Db) -> Vec<String> {
     out
 }
 
-/// One director and `cells` cells (`c1`, `c2`, …, region us-central1, capacity 1000) as separate
-/// processes against the database at `db_url`, all live when this returns.
-pub struct Cluster {
-    pub director: String,
-    pub dproc: Proc,
+/// `directors` directors (`d1`, …) and `cells` cells (`c1`, `c2`, …, region us-central1, capacity
+/// 1000; cell `i` heartbeats to director `i mod directors`) as separate processes against the
+/// database at `db_url`, all cells live when this returns.
+pub struct Fleet {
+    pub directors: Vec<String>,
+    pub dprocs: Vec<Proc>,
     pub cell_urls: Vec<String>,
     pub cprocs: Vec<Proc>,
 }
 
-pub async fn start_cluster(db_url: &str, cells: usize) -> Cluster {
-    let dport = free_port();
+pub async fn start_fleet(db_url: &str, directors: usize, cells: usize) -> Fleet {
+    let dports: Vec<u16> = (0..directors).map(|_| free_port()).collect();
     let cports: Vec<u16> = (0..cells).map(|_| free_port()).collect();
-    let director = format!("http://127.0.0.1:{dport}");
+    let director_urls: Vec<String> = dports
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect();
     let cell_urls: Vec<String> = cports
         .iter()
         .map(|p| format!("http://127.0.0.1:{p}"))
@@ -347,19 +304,27 @@ pub async fn start_cluster(db_url: &str, cells: usize) -> Cluster {
             "1".into(),
         ),
     ];
-    let mut denvs = common.clone();
-    denvs.push(("ORCA_RELAY_CELLS".into(), cells_json));
-    let mut dproc = Proc::new(
-        "d1",
-        vec![
-            "--role".into(),
-            "director".into(),
-            "--listen".into(),
-            format!("127.0.0.1:{dport}"),
-        ],
-        denvs,
-    );
-    dproc.start();
+    let mut dprocs: Vec<Proc> = dports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut envs = common.clone();
+            envs.push(("ORCA_RELAY_CELLS".into(), cells_json.clone()));
+            Proc::new(
+                &format!("d{}", i + 1),
+                vec![
+                    "--role".into(),
+                    "director".into(),
+                    "--listen".into(),
+                    format!("127.0.0.1:{p}"),
+                ],
+                envs,
+            )
+        })
+        .collect();
+    for d in dprocs.iter_mut() {
+        d.start();
+    }
     let mut cprocs: Vec<Proc> = cports
         .iter()
         .enumerate()
@@ -374,7 +339,7 @@ pub async fn start_cluster(db_url: &str, cells: usize) -> Cluster {
                     "--listen".into(),
                     format!("127.0.0.1:{p}"),
                     "--director-url".into(),
-                    director.clone(),
+                    director_urls[i % directors].clone(),
                 ],
                 common.clone(),
             )
@@ -384,14 +349,63 @@ pub async fn start_cluster(db_url: &str, cells: usize) -> Cluster {
         c.start();
     }
     wait_until("all cells live", Duration::from_secs(30), || async {
-        let cs = cell_status(&director).await;
+        let cs = cell_status(&director_urls[0]).await;
         cs.len() == cells && cs.iter().all(|c| c["live"] == true)
     })
     .await;
-    Cluster {
-        director,
-        dproc,
+    Fleet {
+        directors: director_urls,
+        dprocs,
         cell_urls,
         cprocs,
+    }
+}
+
+/// One director and `cells` cells (see [`start_fleet`]).
+pub struct Cluster {
+    pub director: String,
+    pub dproc: Proc,
+    pub cell_urls: Vec<String>,
+    pub cprocs: Vec<Proc>,
+}
+
+pub async fn start_cluster(db_url: &str, cells: usize) -> Cluster {
+    let mut f = start_fleet(db_url, 1, cells).await;
+    Cluster {
+        director: f.directors.remove(0),
+        dproc: f.dprocs.remove(0),
+        cell_urls: f.cell_urls,
+        cprocs: f.cprocs,
+    }
+}
+
+/// The invariant sampler: reads [`double_served`] from the database every 50 ms until stopped.
+pub struct Sampler {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<(u64, Vec<String>)>,
+}
+
+impl Sampler {
+    pub fn start(db: &Db) -> Sampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let task = {
+            let (db, stop) = (db.clone(), stop.clone());
+            tokio::spawn(async move {
+                let (mut samples, mut violations) = (0u64, Vec::new());
+                while !stop.load(Ordering::SeqCst) {
+                    violations.extend(double_served(&db).await);
+                    samples += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                (samples, violations)
+            })
+        };
+        Sampler { stop, task }
+    }
+
+    /// Stops sampling: (samples taken, every violation seen).
+    pub async fn stop(self) -> (u64, Vec<String>) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.task.await.expect("sampler")
     }
 }

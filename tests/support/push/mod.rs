@@ -3,19 +3,18 @@
 
 #![allow(dead_code)]
 
+#[path = "../common/mod.rs"]
+pub mod common;
 pub mod fakes;
 pub mod keys;
 
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
 
-use clap::Parser;
-use orca_relay::config::{Config, ServeArgs};
 use orca_relay::crypto::b64::std_encode;
 use orca_relay::crypto::push_proof::{answer_push_challenge, PushChallengeResponse};
 use orca_relay::crypto::X25519Keypair;
-use orca_relay::server::{self, Running};
+use orca_relay::server::Running;
 use orca_relay::store::testing::{backends, temp_dir, TestDb};
 use serde_json::{json, Value};
 
@@ -23,40 +22,17 @@ pub const ADMIN: &str = "admin-token-for-push-tests-0123456789abcdef";
 
 // ------------------------------------------------------------------ log capture
 
-static LOGS: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
-
-struct Capture;
-
-impl log::Log for Capture {
-    fn enabled(&self, m: &log::Metadata) -> bool {
-        m.level() <= log::Level::Info
-    }
-    fn log(&self, r: &log::Record) {
-        if self.enabled(r.metadata()) {
-            let line = format!("{} {}", r.target(), r.args());
-            if std::env::var("PUSH_TEST_LOGS").is_ok() {
-                eprintln!("{line}");
-            }
-            LOGS.get_or_init(Default::default)
-                .lock()
-                .unwrap()
-                .push(line);
-        }
-    }
-    fn flush(&self) {}
-}
-
-/// Installs the capturing logger (info level, like the default `RUST_LOG`).
+/// Installs the capturing logger (the common capture: info level, like the default `RUST_LOG`).
 pub fn init_logs() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let _ = log::set_boxed_logger(Box::new(Capture));
-        log::set_max_level(log::LevelFilter::Info);
-    });
+    common::logs::install();
 }
 
+/// Every captured line as `target text`.
 pub fn logs() -> Vec<String> {
-    LOGS.get_or_init(Default::default).lock().unwrap().clone()
+    common::logs::lines()
+        .into_iter()
+        .map(|l| format!("{} {}", l.target, l.text))
+        .collect()
 }
 
 static SECRETS: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
@@ -90,12 +66,6 @@ pub fn assert_logs_clean(secrets: &[String]) {
 }
 
 // ------------------------------------------------------------------ server
-
-#[derive(Parser)]
-struct Args {
-    #[command(flatten)]
-    serve: ServeArgs,
-}
 
 /// Options of a test server.
 #[derive(Default, Clone)]
@@ -188,9 +158,7 @@ impl Server {
     pub async fn start(db_url: &str, o: Opts) -> Server {
         init_logs();
         let data = temp_dir("orca-push-data");
-        let args = Args::try_parse_from(server_args(db_url, &data, &o)).expect("args");
-        let config = Config::from_args(&args.serve).expect("config");
-        let running = server::start(config).await.expect("start");
+        let running = common::serve::start(&server_args(db_url, &data, &o)).await;
         let base = format!("http://{}", running.addr);
         Server {
             running: Some(running),
@@ -418,20 +386,6 @@ where
     futures_util::future::join_all(all.into_iter().map(case)).await;
 }
 
-/// Polls `f` every 10 ms until it is true or `within` passes.
-pub async fn eventually<F, Fut>(within: Duration, mut f: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if f().await {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+/// Polls the asynchronous `f` until it is true or `within` passes (the common one).
+#[allow(unused_imports)]
+pub use common::wait::eventually_async as eventually;

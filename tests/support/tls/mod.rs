@@ -2,11 +2,15 @@
 //! stderr is captured, and a raw TLS probe that reports the certificate a listener serves.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
+#[path = "../common/mod.rs"]
+pub mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::process::Child;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::proc::{self as cproc, Log, Spec};
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -72,7 +76,13 @@ pub fn write_pair(dir: &Path, cert: &str, key: &str) -> (PathBuf, PathBuf) {
 pub struct Relay {
     pub child: Child,
     pub addr: String,
-    pub log: Arc<Mutex<Vec<String>>>,
+    pub log: Log,
+}
+
+fn owned(envs: &[(&str, String)]) -> Vec<(String, String)> {
+    envs.iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
 }
 
 impl Relay {
@@ -82,43 +92,21 @@ impl Relay {
     }
 
     pub fn try_spawn(cwd: &Path, envs: &[(&str, String)]) -> Result<Relay, Vec<String>> {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_orca-relay"));
-        cmd.arg("serve")
-            .current_dir(cwd)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("RUST_LOG", "info,orca_relay=debug")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        for (k, v) in envs {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().expect("spawn orca-relay");
-        let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                for scheme in ["https://", "http://"] {
-                    let marker = format!("listening on {scheme}");
-                    if let Some(i) = line.find(&marker) {
-                        let _ = tx.send(line[i + marker.len()..].trim().to_string());
-                    }
-                }
-                if std::env::var("TLS_TEST_VERBOSE").is_ok() {
-                    eprintln!("relay: {line}");
-                }
-                sink.lock().unwrap().push(line);
-            }
-        });
-        match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(addr) => Ok(Relay { child, addr, log }),
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                Err(log.lock().unwrap().clone())
-            }
+        let envs = owned(envs);
+        let spec = Spec {
+            cwd: Some(cwd),
+            rust_log: "info,orca_relay=debug",
+            verbose_env: "TLS_TEST_VERBOSE",
+            ..Spec::new("relay", &[], &envs)
+        };
+        let log = Log::default();
+        match cproc::spawn_serve(&spec, &log, Duration::from_secs(30)) {
+            Ok(s) => Ok(Relay {
+                child: s.child,
+                addr: s.addr,
+                log,
+            }),
+            Err(()) => Err(cproc::lines(&log)),
         }
     }
 
@@ -127,86 +115,52 @@ impl Relay {
     }
 
     pub fn lines(&self) -> Vec<String> {
-        self.log.lock().unwrap().clone()
+        cproc::lines(&self.log)
     }
 
     /// How many log lines contain `needle`.
     pub fn count(&self, needle: &str) -> usize {
-        self.lines().iter().filter(|l| l.contains(needle)).count()
+        cproc::count(&self.log, needle)
     }
 
     /// Waits until more than `seen` log lines contain `needle`.
     pub fn wait_more(&self, needle: &str, seen: usize, within: Duration) -> bool {
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if self.count(needle) > seen {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        false
+        cproc::wait_more(&self.log, needle, seen, within)
     }
 
     /// Waits until a log line contains `needle`.
     pub fn wait_log(&self, needle: &str, within: Duration) -> bool {
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if self.lines().iter().any(|l| l.contains(needle)) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        false
+        cproc::wait_more(&self.log, needle, 0, within)
     }
 
     pub fn signal(&self, sig: i32) {
-        unsafe {
-            libc::kill(self.child.id() as i32, sig);
-        }
+        cproc::signal(&self.child, sig);
     }
 
     /// SIGTERM and wait for the exit code.
     pub fn terminate(mut self) -> i32 {
-        self.signal(libc::SIGTERM);
-        let start = Instant::now();
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                return s.code().unwrap_or(-1);
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(12),
-                "no exit after SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        cproc::terminate(&mut self.child, Duration::from_secs(12), "relay")
+            .code()
+            .unwrap_or(-1)
     }
 }
 
 impl Drop for Relay {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        cproc::kill(&mut self.child);
     }
 }
 
 /// Runs `orca-relay serve` expecting a configuration refusal: (exit code, stderr).
 pub fn refused_start(cwd: &Path, envs: &[(&str, String)]) -> (i32, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_orca-relay"));
-    cmd.arg("serve")
-        .current_dir(cwd)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("ORCA_RELAY_LISTEN", "127.0.0.1:0")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    for (k, v) in envs {
-        cmd.env(k, v);
+    let mut envs = owned(envs);
+    if !envs.iter().any(|(k, _)| k == "ORCA_RELAY_LISTEN") {
+        envs.insert(0, ("ORCA_RELAY_LISTEN".into(), "127.0.0.1:0".into()));
     }
-    let out = cmd.output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    cproc::run_to_exit(&Spec {
+        cwd: Some(cwd),
+        ..Spec::new("relay", &[], &envs)
+    })
 }
 
 /// A client configuration trusting exactly `ca_pem`.
@@ -248,4 +202,55 @@ pub fn first_der(pem: &str) -> CertificateDer<'static> {
         .next()
         .unwrap()
         .unwrap()
+}
+
+/// A host assigned through `public` (tokens signed with `signing`), its control, and a paired
+/// phone: (the cell URL the director granted, control, pair).
+pub async fn paired(
+    public: &str,
+    signing: &str,
+    user: &str,
+) -> (
+    String,
+    orca_relay::cell::testkit::HostControl,
+    orca_relay::cell::testkit::Pair,
+) {
+    use orca_relay::cell::testkit::{self, Hello, HostIdentity};
+    let host = HostIdentity::generate(user);
+    let token = host.token(signing, public);
+    let (cell, epoch) = testkit::assign(public, &token, &host.relay_host_id)
+        .await
+        .expect("assign");
+    let hello = Hello {
+        epoch,
+        ..Hello::default()
+    };
+    let mut control = testkit::connect_control(&cell, &host, &token, public, &hello)
+        .await
+        .expect("control");
+    let invite = control
+        .create_invite("r1", "phone-1")
+        .await
+        .expect("invite");
+    let p = testkit::pair_phone(&cell, &mut control, &host.relay_host_id, &invite, &[])
+        .await
+        .expect("phone pairs");
+    (cell, control, p)
+}
+
+/// Both directions of the splice still carry frames (a text up, a 16 KiB binary down).
+pub async fn splice_works(p: &mut orca_relay::cell::testkit::Pair, tag: &str) {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let within = Duration::from_secs(10);
+    p.phone
+        .send(Message::text(format!("up-{tag}")))
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(within, p.data.next()).await.unwrap();
+    assert_eq!(got.unwrap().unwrap(), Message::text(format!("up-{tag}")));
+    let blob = vec![7u8; 16 * 1024];
+    p.data.send(Message::binary(blob.clone())).await.unwrap();
+    let got = tokio::time::timeout(within, p.phone.next()).await.unwrap();
+    assert_eq!(got.unwrap().unwrap(), Message::binary(blob));
 }
