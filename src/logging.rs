@@ -217,8 +217,8 @@ mod tests {
 
     #[test]
     fn dependencies_capped_at_info() {
-        use log::Level;
         use super::admitted;
+        use log::Level;
         assert!(admitted("orca_relay::store", Level::Trace));
         assert!(admitted("tokio_postgres::connection", Level::Info));
         assert!(admitted("deadpool.postgres", Level::Warn));

@@ -72,7 +72,8 @@ async fn every_stderr_line_follows_the_log_format() {
         let deps: Vec<&String> = lines
             .iter()
             .filter(|l| {
-                logfmt::target(l).is_some_and(|t| t != "orca_relay" && !t.starts_with("orca_relay::"))
+                logfmt::target(l)
+                    .is_some_and(|t| t != "orca_relay" && !t.starts_with("orca_relay::"))
             })
             .collect();
         for l in &deps {

@@ -14,10 +14,10 @@
 
 #[path = "support/cluster/mod.rs"]
 mod cluster;
-#[path = "support/pgproxy.rs"]
-mod pgproxy;
 #[path = "support/logfmt.rs"]
 mod logfmt;
+#[path = "support/pgproxy.rs"]
+mod pgproxy;
 
 use std::time::{Duration, Instant};
 
@@ -137,7 +137,10 @@ async fn black_holed_database_answers_503_recovers_and_shuts_down_cleanly() {
     .await;
     for ((st, retry, body), took) in &answers {
         assert_eq!(*st, 503, "{body}");
-        assert_eq!(body, &json!({"error":"assignments_temporarily_unavailable"}));
+        assert_eq!(
+            body,
+            &json!({"error":"assignments_temporarily_unavailable"})
+        );
         let secs: u64 = retry.as_deref().expect("Retry-After").parse().unwrap();
         assert!(secs >= 1, "{secs}");
         assert!(
@@ -154,7 +157,10 @@ async fn black_holed_database_answers_503_recovers_and_shuts_down_cleanly() {
     loop {
         let (st, body) = node.ready().await;
         if st == 503 || body["degraded"] == json!(true) {
-            eprintln!("black hole: /ready {st} {body} after {:?}", started.elapsed());
+            eprintln!(
+                "black hole: /ready {st} {body} after {:?}",
+                started.elapsed()
+            );
             break;
         }
         assert!(started.elapsed() < bound, "/ready still {st} {body}");

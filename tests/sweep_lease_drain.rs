@@ -70,7 +70,9 @@ async fn one_sweep_releases_every_expired_lease_of_a_burst() {
         .await
         .unwrap();
         check_invariants(&d.db).await;
-        let reserved = d.cell_status("A").await["reservedRequests"].as_i64().unwrap();
+        let reserved = d.cell_status("A").await["reservedRequests"]
+            .as_i64()
+            .unwrap();
         assert!(reserved > BURST, "{reserved}");
         // Nobody connected: every pending control expires.
         d.db.execute(
@@ -87,11 +89,10 @@ async fn one_sweep_releases_every_expired_lease_of_a_burst() {
             BURST + 1,
             started.elapsed()
         );
-        let left = d
-            .db
-            .query("SELECT COUNT(*) FROM relay_assignment_activity_leases", &[])
-            .await
-            .unwrap();
+        let left =
+            d.db.query("SELECT COUNT(*) FROM relay_assignment_activity_leases", &[])
+                .await
+                .unwrap();
         assert_eq!(left[0].i64(0), 0, "{}: leases left", t.kind().as_str());
         assert_eq!(d.cell_status("A").await["reservedRequests"], json!(0));
         assert_eq!(d.whereabouts(&h).await["leases"], json!([]));

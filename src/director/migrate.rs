@@ -558,7 +558,8 @@ pub async fn release_expired_leases(
     now: i64,
     after: Option<&rows::LeaseCursor>,
 ) -> Result<(SweepCount, Option<rows::LeaseCursor>), DbError> {
-    let (hosts, next) = rows::hosts_with_expired_leases(db, now, after, EXPIRED_LEASE_BATCH).await?;
+    let (hosts, next) =
+        rows::hosts_with_expired_leases(db, now, after, EXPIRED_LEASE_BATCH).await?;
     let items: Vec<(HostKey, i64)> = hosts.into_iter().map(|h| (h, 0)).collect();
     let count = release_hosts_expired_leases(db, now, items).await?;
     Ok((count, next))

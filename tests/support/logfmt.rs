@@ -46,7 +46,11 @@ pub fn assert_lines(lines: &[String]) {
         .iter()
         .filter_map(|l| violation(l).map(|why| format!("{why}: {l}")))
         .collect();
-    assert!(bad.is_empty(), "lines breaking README §6:\n{}", bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "lines breaking README §6:\n{}",
+        bad.join("\n")
+    );
 }
 
 /// The target of a well-formed line.
