@@ -42,6 +42,11 @@ struct Args {
     tls_server_pid: Option<u32>,
     /// PEM CA the TLS server's certificate chains to (besides the system roots).
     ca: Option<String>,
+    /// A plain relay (`examples/node_relay`, `ws://host:port`): latency rounds alternate between
+    /// this server's pairs and pairs through the plain relay, medians reported.
+    plain_relay: Option<String>,
+    latency_rounds: usize,
+    skip_throughput: bool,
 }
 
 fn args() -> Args {
@@ -60,6 +65,9 @@ fn args() -> Args {
         tls_public_url: None,
         tls_server_pid: None,
         ca: None,
+        plain_relay: None,
+        latency_rounds: 1,
+        skip_throughput: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -80,6 +88,9 @@ fn args() -> Args {
             "--tls-public-url" => a.tls_public_url = Some(v),
             "--tls-server-pid" => a.tls_server_pid = v.parse().ok(),
             "--ca" => a.ca = Some(v),
+            "--plain-relay" => a.plain_relay = Some(v),
+            "--latency-rounds" => a.latency_rounds = v.parse().expect("--latency-rounds"),
+            "--skip-throughput" => a.skip_throughput = v == "1" || v == "true",
             other => panic!("unknown flag {other}"),
         }
         i += 2;
@@ -416,10 +427,11 @@ async fn throughput(
 }
 
 /// One-hop latency at `rate` messages/s per pair and direction: timestamps ride in the payload.
-async fn latency(pairs: Vec<Pair>, rate: u64, seconds: u64) -> serde_json::Value {
+async fn latency(pairs: Vec<Pair>, rate: u64, seconds: u64) -> (serde_json::Value, Vec<Pair>) {
     let epoch = Instant::now();
     let mut tasks = Vec::new();
     for p in pairs {
+        let (hello, conn_id) = (p.hello, p.conn_id);
         tasks.push(tokio::spawn(async move {
             let (mut ptx, mut prx) = p.phone.split();
             let (mut dtx, mut drx) = p.data.split();
@@ -433,6 +445,7 @@ async fn latency(pairs: Vec<Pair>, rate: u64, seconds: u64) -> serde_json::Value
                     ptx.send(Message::binary(t.clone())).await.unwrap();
                     dtx.send(Message::binary(t)).await.unwrap();
                 }
+                (ptx, dtx)
             });
             let mut samples = Vec::with_capacity(2 * n as usize);
             let read = |m: Option<Result<Message, _>>| -> Option<u64> {
@@ -448,13 +461,22 @@ async fn latency(pairs: Vec<Pair>, rate: u64, seconds: u64) -> serde_json::Value
                 samples.extend(read(drx.next().await));
                 samples.extend(read(prx.next().await));
             }
-            sender.await.unwrap();
-            samples
+            let (ptx, dtx) = sender.await.unwrap();
+            let pair = Pair {
+                phone: ptx.reunite(prx).expect("same socket"),
+                data: dtx.reunite(drx).expect("same socket"),
+                hello,
+                conn_id,
+            };
+            (samples, pair)
         }));
     }
     let mut all = Vec::new();
+    let mut back = Vec::new();
     for t in tasks {
-        all.extend(t.await.unwrap());
+        let (samples, pair) = t.await.unwrap();
+        all.extend(samples);
+        back.push(pair);
     }
     all.sort_unstable();
     let pct = |p: f64| {
@@ -463,7 +485,44 @@ async fn latency(pairs: Vec<Pair>, rate: u64, seconds: u64) -> serde_json::Value
             .unwrap_or(0) as f64
             / 1000.0
     };
-    json!({"ratePerPairAndDirection": rate, "samples": all.len(), "p50Micros": pct(0.50), "p99Micros": pct(0.99)})
+    (
+        json!({"ratePerPairAndDirection": rate, "samples": all.len(), "p50Micros": pct(0.50), "p99Micros": pct(0.99)}),
+        back,
+    )
+}
+
+/// `n` pairs through a plain relay: `/a/<key>` and `/b/<key>` are paired by it.
+async fn plain_pairs(relay: &str, n: usize) -> Vec<Pair> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let dial = |side: &str| {
+            let url = format!("{relay}/{side}/lg{i}");
+            async move {
+                let (ws, _) = tokio_tungstenite::connect_async_with_config(
+                    url,
+                    Some(testkit::client_config()),
+                    true,
+                )
+                .await
+                .expect("plain relay dial");
+                ws
+            }
+        };
+        out.push(Pair {
+            phone: dial("a").await,
+            data: dial("b").await,
+            hello: json!(null),
+            conn_id: String::new(),
+        });
+    }
+    out
+}
+
+/// The median of one field over rounds.
+fn median(rounds: &[serde_json::Value], key: &str) -> f64 {
+    let mut v: Vec<f64> = rounds.iter().filter_map(|r| r[key].as_f64()).collect();
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -483,7 +542,12 @@ async fn main() {
     };
     let mut tls_report = serde_json::Map::new();
     let mut pairs = pairs;
-    for (size, key) in [(64, "throughput64B"), (16 * 1024, "throughput16KiB")] {
+    let sizes: &[(usize, &str)] = if a.skip_throughput {
+        &[]
+    } else {
+        &[(64, "throughput64B"), (16 * 1024, "throughput16KiB")]
+    };
+    for &(size, key) in sizes {
         let (plain, back) = throughput(pairs, size, a.inflight, a.seconds, a.server_pid).await;
         pairs = back;
         eprintln!("{key} ws: {plain}");
@@ -506,9 +570,30 @@ async fn main() {
         report.insert("wss".into(), serde_json::Value::Object(tls_report));
     }
     drop(tls_pairs);
-    let lat = latency(pairs, a.latency_rate, a.seconds.min(10)).await;
-    eprintln!("latency: {lat}");
-    report.insert("latency".into(), lat);
+    let mut plain = match &a.plain_relay {
+        Some(r) => Some(plain_pairs(r, a.pairs).await),
+        None => None,
+    };
+    // Alternating rounds (ours, plain, ours, plain, …): both see the same machine load.
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for round in 0..a.latency_rounds.max(1) {
+        let (lat, back) = latency(pairs, a.latency_rate, a.seconds.min(10)).await;
+        pairs = back;
+        eprintln!("latency round {round}: {lat}");
+        ours.push(lat);
+        if let Some(pp) = plain.take() {
+            let (lat, back) = latency(pp, a.latency_rate, a.seconds.min(10)).await;
+            plain = Some(back);
+            eprintln!("plain relay latency round {round}: {lat}");
+            theirs.push(lat);
+        }
+    }
+    let summary = |r: &[serde_json::Value]| json!({"rounds": r, "medianP50Micros": median(r, "p50Micros"), "medianP99Micros": median(r, "p99Micros")});
+    report.insert("latency".into(), summary(&ours));
+    if !theirs.is_empty() {
+        report.insert("plainRelayLatency".into(), summary(&theirs));
+    }
+    drop(plain);
     if a.idle_pairs > 0 {
         let pid = a.server_pid.expect("--server-pid for the idle measurement");
         tokio::time::sleep(Duration::from_secs(2)).await;

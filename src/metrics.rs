@@ -205,9 +205,14 @@ impl Metrics {
     /// [`Metrics::render`] on the blocking pool: gathering reads `/proc/self` (process series).
     pub async fn render_blocking(self: &Arc<Self>) -> String {
         let m = self.clone();
-        tokio::task::spawn_blocking(move || m.render())
-            .await
-            .unwrap_or_default()
+        // The runtime's handle goes along so the process collector can read its task count.
+        let rt = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || {
+            let _rt = rt.enter();
+            m.render()
+        })
+        .await
+        .unwrap_or_default()
     }
 
     /// The Prometheus text exposition.

@@ -76,6 +76,19 @@ impl World {
     }
 }
 
+/// Waits for the worker's idle pass that started after the call (nothing due, nothing in flight),
+/// then returns the delivery rows still stored: 0 means nothing can be sent any more. This replaces
+/// fixed "nothing else happens" windows.
+async fn settled(s: &Server) -> i64 {
+    let push = s.running().push.clone().expect("push role");
+    tokio::time::timeout(Duration::from_secs(10), push.worker_settled())
+        .await
+        .expect("the worker goes idle");
+    orca_relay::store::push::pending_count(&s.running().ctx.db)
+        .await
+        .unwrap()
+}
+
 fn all_auth_ok(seen: &[fakes::Seen]) {
     for s in seen {
         assert!(s.auth_ok, "provider auth rejected: {}", s.auth_problem);
@@ -247,7 +260,7 @@ async fn u25_token_endpoint_failure() {
         let seen = w.fcm.wait_for(&token, 1, Duration::from_secs(15)).await;
         assert_eq!(seen.len(), 1);
         assert!(t0.elapsed() < Duration::from_secs(15));
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(settled(&w.s).await, 0);
         assert_eq!(w.fcm.seen_for(&token).len(), 1, "delivered once");
         w.stop().await;
     })
@@ -307,7 +320,7 @@ async fn u26_u27_apns_dead_tokens() {
         );
         assert!(!device_dead(&w, &c).await);
         assert_eq!(w.s.counter("delivery_error"), errors + 1);
-        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert_eq!(settled(&w.s).await, 0, "nothing left to retry");
         assert_eq!(w.apns.seen_for(&ctok).len(), 1, "not retried");
         let host = orca_relay::logging::digest(&w.h.fp);
         assert!(logs()
@@ -335,7 +348,7 @@ async fn u28_fcm_dead_tokens() {
         assert_eq!(w.send(&[&a, &b, &c], alert("n1", 1)).await, ["queued"; 3]);
         assert!(eventually(DELIVERED, || async { device_dead(&w, &a).await && device_dead(&w, &b).await }).await);
         assert!(w.fcm.wait_for(&ct, 1, DELIVERED).await.len() == 1);
-        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert_eq!(settled(&w.s).await, 0, "nothing left to retry");
         assert!(!device_dead(&w, &c).await);
         assert_eq!(w.fcm.seen_for(&ct).len(), 1, "not retried");
         w.stop().await;
@@ -390,7 +403,7 @@ async fn u30_retry_backoff() {
         );
         assert_eq!(seen[1].status, 200);
         assert_eq!(w.s.counter("delivery_retry"), retries + 1);
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(settled(&w.s).await, 0);
         assert_eq!(w.apns.seen_for(&token).len(), 2);
         // 403 ExpiredProviderToken: retried with a freshly minted provider token.
         let (id2, token2) = w.ios("d2").await;
@@ -533,7 +546,7 @@ async fn u35_u36_u37_dismissal_and_idempotency() {
         assert_eq!(w.send(&[&a], dismiss("n2", 2)).await, ["queued"]);
         hold.cancel();
         let seen = w.apns.wait_for(&atok, 2, DELIVERED).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(settled(&w.s).await, 0);
         let seen_all = w.apns.seen_for(&atok);
         assert_eq!(
             seen_all.len(),
@@ -550,7 +563,7 @@ async fn u35_u36_u37_dismissal_and_idempotency() {
         assert_eq!(w.send(&[&b], alert("n3", 4)).await, ["queued"]);
         assert_eq!(w.send(&[&b], alert("n3", 6)).await, ["queued"]);
         let sb = w.apns.wait_for(&btok, 2, DELIVERED).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(settled(&w.s).await, 0);
         assert_eq!(w.apns.seen_for(&btok).len(), 2);
         assert_eq!(sb[0].body["orca"]["kind"], "dismiss");
         assert_eq!(sb[1].body["orca"]["notificationSeq"], 6);
@@ -563,7 +576,7 @@ async fn u35_u36_u37_dismissal_and_idempotency() {
         sound["sound"] = true.into();
         assert_eq!(w.send(&[&c], sound).await, ["queued"]);
         assert_eq!(w.apns.wait_for(&ctok, 1, DELIVERED).await.len(), 1);
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(settled(&w.s).await, 0);
         assert_eq!(w.apns.seen_for(&ctok).len(), 1);
         w.stop().await;
     })
@@ -639,7 +652,8 @@ async fn u41_two_processes() {
         assert_eq!(seqs, (0..10).collect::<Vec<_>>(), "per-token send order");
         assert_eq!(apns.max_open(token), 1);
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (a, b) = tokio::join!(settled(&p1), settled(&p2));
+    assert_eq!((a, b), (0, 0));
     assert_eq!(apns.seen().len(), 50, "no duplicate");
     p1.stop().await;
     p2.stop().await;

@@ -54,6 +54,8 @@ pub struct Cell {
     pub open: AtomicU64,
     pub budget: splice::Budget,
     pub splice_limits: splice::Limits,
+    /// Wakes quiet splices once a round so they can park (memory per idle socket).
+    pub sweep: Arc<splice::IdleSweep>,
     pub registry: Mutex<Registry>,
     pub signed_out: Mutex<SignedOut>,
     pub draining: AtomicBool,
@@ -113,6 +115,7 @@ impl Cell {
             open: AtomicU64::new(0),
             budget: splice::Budget::default(),
             splice_limits: splice::Limits::default(),
+            sweep: Default::default(),
             registry: Mutex::new(Registry::default()),
             signed_out: Mutex::new(SignedOut::default()),
             draining: AtomicBool::new(false),
@@ -123,6 +126,19 @@ impl Cell {
             safety: Mutex::new(crate::rehome::rules::SafetyWindow::new(ctx.started_at)),
             ctx,
         });
+        {
+            let (sweep, stop) = (cell.sweep.clone(), cell.ctx.child_token());
+            cell.ctx.spawn("splice-idle-sweep", async move {
+                let mut every = tokio::time::interval(splice::SWEEP_INTERVAL);
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = every.tick() => sweep.tick(),
+                        _ = stop.cancelled() => break,
+                    }
+                }
+            });
+        }
         if let Some(sink) = heartbeat {
             let sink: Arc<dyn HeartbeatSink> = Arc::new(idle_rehome::StatusAfterBeat {
                 inner: sink,

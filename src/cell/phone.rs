@@ -175,7 +175,7 @@ pub async fn run_phone(
     };
     match admit(&cell, &mut ws, &mut held, &relay_host_id, &auth.credential).await {
         Ok(Some(job)) => {
-            tokio::spawn(run_splice(cell.clone(), ws, guard, job));
+            tokio::spawn(run_splice(cell.clone(), Box::new(ws), guard, job));
             return;
         }
         Ok(None) => {}
@@ -612,7 +612,7 @@ async fn attach(
         json!({"host": logging::digest(&key.relay_host_id), "kind": kind}),
     );
     Some(SpliceJob {
-        host,
+        host: Box::new(host),
         guard,
         kill_rx,
         session: session.clone(),
@@ -626,9 +626,10 @@ async fn attach(
 }
 
 /// Everything a running splice owns. It runs in a task of its own so the (larger) admission
-/// future of the phone task is freed: an idle splice costs its two sockets and little more.
+/// future of the phone task is freed: an idle splice costs its two sockets and little more. The
+/// sockets are boxed so the splice task stays small while they are parked (see [`splice::run`]).
 pub struct SpliceJob {
-    host: Ws,
+    host: Box<Ws>,
     guard: ConnGuard,
     kill_rx: oneshot::Receiver<(u16, &'static str)>,
     session: Arc<Session>,
@@ -641,7 +642,12 @@ pub struct SpliceJob {
 }
 
 /// §8: forward until either side ends, then tear down (idempotent, both sides the same code).
-pub async fn run_splice(cell: Arc<Cell>, mut phone: Ws, phone_guard: ConnGuard, job: SpliceJob) {
+pub async fn run_splice(
+    cell: Arc<Cell>,
+    mut phone: Box<Ws>,
+    phone_guard: ConnGuard,
+    job: SpliceJob,
+) {
     let SpliceJob {
         mut host,
         guard,
@@ -674,24 +680,24 @@ pub async fn run_splice(cell: Arc<Cell>, mut phone: Ws, phone_guard: ConnGuard, 
             bp.inc_by(d.bytes_to_phone);
         }
     };
-    let (end, _stats) = if phone_gone {
-        (
-            splice::End::Dropped(splice::Side::Phone),
-            splice::Stats::default(),
-        )
+    let end = if phone_gone {
+        splice::End::Dropped(splice::Side::Phone)
     } else {
         if let Some(m) = stash {
             let _ = Box::pin(host.send(m)).await;
         }
-        splice::run(
-            &mut phone,
-            &mut host,
+        let (end, _stats, p, h) = splice::run(
+            phone,
+            host,
             &mut kill_rx,
             cell.splice_limits,
             &cell.budget,
+            &cell.sweep,
             &meter,
         )
-        .await
+        .await;
+        (phone, host) = (p, h);
+        end
     };
     // Boxed: the teardown's store futures are not part of the idle splice's resident state.
     Box::pin(async move {

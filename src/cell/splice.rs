@@ -19,16 +19,20 @@
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use futures_util::{Sink, Stream};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
+use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
+
+use crate::leg::boundary::MessageBoundary;
 
 use crate::contract::close::{self, reason};
 use crate::contract::limits;
@@ -150,6 +154,8 @@ pub struct Stats {
     pub bytes_to_phone: u64,
     /// Times the splice task was polled (wake-ups), for tests of the timer policy.
     pub polls: u64,
+    /// Times the splice parked while idle (see [`run`]).
+    pub parks: u64,
 }
 
 impl Stats {
@@ -163,6 +169,7 @@ impl Stats {
             bytes_to_host: self.bytes_to_host - o.bytes_to_host,
             bytes_to_phone: self.bytes_to_phone - o.bytes_to_phone,
             polls: 0,
+            parks: 0,
         }
     }
 }
@@ -185,6 +192,8 @@ struct Dir {
     overflow_since: Option<Instant>,
     frames: u64,
     bytes: u64,
+    /// The last pump found the source empty and left nothing queued, unflushed or owed.
+    quiet: bool,
 }
 
 fn payload_len(m: &Message) -> usize {
@@ -217,6 +226,7 @@ impl Dir {
             Side::Host => Side::Phone,
         };
         let mut moved = 0usize;
+        let mut src_empty = false;
         loop {
             // Overflow first, while the writer is below low water.
             while !self.overflow.is_empty() {
@@ -298,7 +308,10 @@ impl Dir {
                 Poll::Ready(Some(Err(_))) | Poll::Ready(None) => {
                     return Poll::Ready(End::Dropped(src_side))
                 }
-                Poll::Pending => break,
+                Poll::Pending => {
+                    src_empty = true;
+                    break;
+                }
             }
             if self.backlog > limits.high_water || !self.overflow.is_empty() {
                 match Pin::new(&mut *dst).poll_flush(cx) {
@@ -333,6 +346,7 @@ impl Dir {
                 Poll::Pending => {}
             }
         }
+        self.quiet = src_empty && self.overflow.is_empty() && !self.unflushed && !self.src_pong;
         Poll::Pending
     }
 
@@ -343,71 +357,167 @@ impl Dir {
     }
 }
 
-/// Runs the splice until it ends; closing the sockets is the caller's (see [`close_pair`]).
-pub async fn run<S>(
-    phone: &mut WebSocketStream<S>,
-    host: &mut WebSocketStream<S>,
-    kill: &mut oneshot::Receiver<(u16, &'static str)>,
-    limits: Limits,
-    budget: &Budget,
-    meter: &(dyn Fn(Stats) + Sync),
-) -> (End, Stats)
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    let mut up = Dir::default(); // phone → host
-    let mut down = Dir::default(); // host → phone
-    let mut kill_live = true;
-    let mut up_first = false;
-    let mut timer: Option<Pin<Box<Sleep>>> = None;
-    // What the meter has been given, when, and the (one, reused) timer for a trailing fold.
-    let mut folded = Stats::default();
-    let mut folded_at = Instant::now();
-    let mut fold_timer: Option<Pin<Box<Sleep>>> = None;
-    let stats = |up: &Dir, down: &Dir| Stats {
-        frames_to_host: up.frames,
-        frames_to_phone: down.frames,
-        bytes_to_host: up.bytes,
-        bytes_to_phone: down.bytes,
-        polls: 0,
-    };
-    let mut polls = 0u64;
-    let end = poll_fn(|cx| {
-        polls += 1;
-        if kill_live {
-            match Pin::new(&mut *kill).poll(cx) {
-                Poll::Ready(Ok((code, r))) => return Poll::Ready(End::Killed(code, r)),
+/// The cell-wide idle sweep that lets quiet splices park (see [`run`]): instead of a timer per
+/// splice, a splice that went quiet puts its waker on one list, at most once per round; every
+/// [`SWEEP_INTERVAL`] the cell's sweeper starts a new round and wakes the list. A splice that saw
+/// no frame for a whole round parks. A busy splice pays one atomic load per quiet moment; a
+/// parked one is on no list and is never woken by time.
+#[derive(Debug, Default)]
+pub struct IdleSweep {
+    round: AtomicU64,
+    waiting: Mutex<Vec<Waker>>,
+}
+
+/// How often the cell's sweeper starts a round: a splice parks after 1–2 intervals of silence.
+pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+impl IdleSweep {
+    pub fn round(&self) -> u64 {
+        self.round.load(Ordering::Relaxed)
+    }
+    /// Wakes `w` at the next round; returns the round it was registered in.
+    fn register(&self, w: &Waker) -> u64 {
+        let mut waiting = crate::sync::lock(&self.waiting);
+        waiting.push(w.clone());
+        self.round.load(Ordering::Relaxed)
+    }
+    /// Starts the next round: every splice registered during the last one is woken.
+    pub fn tick(&self) {
+        let woken = {
+            let mut waiting = crate::sync::lock(&self.waiting);
+            self.round.fetch_add(1, Ordering::Relaxed);
+            std::mem::take(&mut *waiting)
+        };
+        for w in woken {
+            w.wake();
+        }
+    }
+    /// Splices waiting for the next round.
+    pub fn waiting(&self) -> usize {
+        crate::sync::lock(&self.waiting).len()
+    }
+}
+
+/// What the live phase of a splice ended with.
+enum Step {
+    End(End),
+    /// Both sockets quiet for a sweep round: give the codec state back until a byte arrives.
+    Park,
+}
+
+/// What woke a parked splice.
+enum Woke {
+    /// The first bytes from that side (handed to its rebuilt codec).
+    Bytes(Side, Vec<u8>),
+    End(End),
+}
+
+/// Bytes a parked socket reads on wake-up, on the poll's stack (not kept in the splice).
+const PARKED_READ: usize = crate::leg::ws::READ_BUFFER;
+
+/// The splice's state that outlives the live/parked phases (a few hundred bytes, inline in its
+/// task: the sockets themselves are the caller's boxes, or raw streams while parked).
+struct Splice {
+    up: Dir,   // phone → host
+    down: Dir, // host → phone
+    kill_live: bool,
+    up_first: bool,
+    timer: Option<Pin<Box<Sleep>>>,
+    /// What the meter has been given, when, and the (one, reused) timer for a trailing fold.
+    folded: Stats,
+    folded_at: Instant,
+    fold_timer: Option<Pin<Box<Sleep>>>,
+    polls: u64,
+    parks: u64,
+    /// (sweep round, frames moved) when the splice was last seen quiet with that frame count.
+    quiet: Option<(u64, u64)>,
+    /// The sweep round this splice's waker is registered for.
+    registered: Option<u64>,
+}
+
+impl Splice {
+    fn stats(&self) -> Stats {
+        Stats {
+            frames_to_host: self.up.frames,
+            frames_to_phone: self.down.frames,
+            bytes_to_host: self.up.bytes,
+            bytes_to_phone: self.down.bytes,
+            polls: 0,
+            parks: 0,
+        }
+    }
+
+    fn fold(&mut self, meter: &(dyn Fn(Stats) + Sync), now: Instant) {
+        let total = self.stats();
+        if total != self.folded {
+            meter(total.minus(&self.folded));
+        }
+        self.folded = total;
+        self.folded_at = now;
+    }
+
+    /// The kill switch; `Some` when it fired.
+    fn killed(
+        &mut self,
+        cx: &mut Context<'_>,
+        kill: &mut oneshot::Receiver<(u16, &'static str)>,
+    ) -> Option<End> {
+        if self.kill_live {
+            match Pin::new(kill).poll(cx) {
+                Poll::Ready(Ok((code, r))) => return Some(End::Killed(code, r)),
                 // Sender dropped without a verdict: nobody can kill us any more.
-                Poll::Ready(Err(_)) => kill_live = false,
+                Poll::Ready(Err(_)) => self.kill_live = false,
                 Poll::Pending => {}
             }
         }
+        None
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn poll_live<S>(
+        &mut self,
+        cx: &mut Context<'_>,
+        phone: &mut WebSocketStream<S>,
+        host: &mut WebSocketStream<S>,
+        kill: &mut oneshot::Receiver<(u16, &'static str)>,
+        limits: &Limits,
+        budget: &Budget,
+        sweep: &IdleSweep,
+        meter: &(dyn Fn(Stats) + Sync),
+    ) -> Poll<Step>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + MessageBoundary,
+    {
+        self.polls += 1;
+        if let Some(end) = self.killed(cx, kill) {
+            return Poll::Ready(Step::End(end));
+        }
         // Alternate which direction goes first: the runtime's cooperative budget is shared by
         // both, and a fixed order lets a busy first direction starve the second.
-        up_first = !up_first;
+        self.up_first = !self.up_first;
         for leg in 0..2 {
-            let r = if (leg == 0) == up_first {
-                up.pump(cx, phone, host, Side::Phone, &limits, budget)
+            let r = if (leg == 0) == self.up_first {
+                self.up.pump(cx, phone, host, Side::Phone, limits, budget)
             } else {
-                down.pump(cx, host, phone, Side::Host, &limits, budget)
+                self.down.pump(cx, host, phone, Side::Host, limits, budget)
             };
             if let Poll::Ready(end) = r {
-                return Poll::Ready(end);
+                return Poll::Ready(Step::End(end));
             }
         }
+        let frames = self.up.frames + self.down.frames;
         // Fold the counts into the meter now and then (never per frame).
-        let unfolded = up.frames + down.frames - folded.frames();
+        let unfolded = frames - self.folded.frames();
         if unfolded > 0 {
             let now = Instant::now();
-            if unfolded >= FOLD_FRAMES || now.duration_since(folded_at) >= FOLD_INTERVAL {
-                let total = stats(&up, &down);
-                meter(total.minus(&folded));
-                folded = total;
-                folded_at = now;
+            if unfolded >= FOLD_FRAMES || now.duration_since(self.folded_at) >= FOLD_INTERVAL {
+                self.fold(meter, now);
             } else {
                 // A burst then silence: fold the rest when the interval is up.
-                let at = folded_at + FOLD_INTERVAL;
-                let t = fold_timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+                let at = self.folded_at + FOLD_INTERVAL;
+                let t = self
+                    .fold_timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
                 t.as_mut().reset(at);
                 if t.as_mut().poll(cx).is_ready() {
                     cx.waker().wake_by_ref();
@@ -417,34 +527,165 @@ where
         // The wedge deadline, only while something overflows. No periodic re-check: every path
         // that leaves overflow queued ends on a `Pending` from the target writer, which registered
         // this task's waker, so room in the writer wakes the splice by itself.
-        let since = match (up.overflow_since, down.overflow_since) {
+        let since = match (self.up.overflow_since, self.down.overflow_since) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
         if let Some(since) = since {
             let deadline = since + limits.wedge;
             if Instant::now() >= deadline {
-                return Poll::Ready(End::Wedged);
+                return Poll::Ready(Step::End(End::Wedged));
             }
-            let t = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            let t = self
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
             if t.deadline() != deadline {
                 t.as_mut().reset(deadline);
             }
             if t.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(End::Wedged);
+                return Poll::Ready(Step::End(End::Wedged));
+            }
+            return Poll::Pending;
+        }
+        // Quiet: both sources empty, everything flushed, and neither codec holds a partial
+        // message (every byte read so far ended a message).
+        let quiet = self.up.quiet
+            && self.down.quiet
+            && phone.get_ref().at_message_boundary()
+            && host.get_ref().at_message_boundary();
+        if !quiet {
+            return Poll::Pending;
+        }
+        let round = sweep.round();
+        match self.quiet {
+            Some((r, f)) if f == frames && round >= r + 2 => {
+                self.fold(meter, Instant::now());
+                return Poll::Ready(Step::Park);
+            }
+            Some((_, f)) if f == frames => {}
+            _ => self.quiet = Some((round, frames)),
+        }
+        if self.registered != Some(round) {
+            self.registered = Some(sweep.register(cx.waker()));
+        }
+        Poll::Pending
+    }
+
+    /// While parked: the kill switch and one read on each raw socket.
+    fn poll_parked<S>(
+        &mut self,
+        cx: &mut Context<'_>,
+        phone: &mut S,
+        host: &mut S,
+        kill: &mut oneshot::Receiver<(u16, &'static str)>,
+    ) -> Poll<Woke>
+    where
+        S: AsyncRead + Unpin,
+    {
+        self.polls += 1;
+        if let Some(end) = self.killed(cx, kill) {
+            return Poll::Ready(Woke::End(end));
+        }
+        for (side, io) in [(Side::Phone, &mut *phone), (Side::Host, &mut *host)] {
+            let mut buf = [0u8; PARKED_READ];
+            let mut rb = ReadBuf::new(&mut buf);
+            match Pin::new(io).poll_read(cx, &mut rb) {
+                Poll::Ready(Ok(())) if !rb.filled().is_empty() => {
+                    return Poll::Ready(Woke::Bytes(side, rb.filled().to_vec()))
+                }
+                Poll::Ready(_) => return Poll::Ready(Woke::End(End::Dropped(side))),
+                Poll::Pending => {}
             }
         }
         Poll::Pending
-    })
-    .await;
-    up.release(budget);
-    down.release(budget);
-    let mut total = stats(&up, &down);
-    if total != folded {
-        meter(total.minus(&folded));
     }
-    total.polls = polls;
-    (end, total)
+}
+
+/// Rebuilds a parked socket's codec (server role: the splice only runs on the relay's side),
+/// starting from the bytes that woke it.
+async fn unpark<S>(io: S, cfg: WebSocketConfig, part: Vec<u8>) -> Box<WebSocketStream<S>>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    Box::new(WebSocketStream::from_partially_read(io, part, Role::Server, Some(cfg)).await)
+}
+
+/// Runs the splice until it ends and hands both sockets back; closing them is the caller's (see
+/// [`close_pair`]).
+///
+/// Idle parking: a splice quiet for a sweep round (see [`IdleSweep`]) gives its codec state back.
+/// Both WebSocket codecs are taken apart into their raw streams (tungstenite's read buffer, out
+/// buffer and waker proxies are freed, and so are the boxes holding them), and the splice waits for
+/// a byte on either stream or the kill switch; then both codecs are rebuilt, the first bytes handed
+/// to the one that woke. Only done when neither codec can hold a partial message
+/// ([`MessageBoundary`]), nothing is queued or unflushed, and no pong is owed, so the rebuilt codecs
+/// are indistinguishable from the old ones on the wire.
+pub async fn run<S>(
+    mut phone: Box<WebSocketStream<S>>,
+    mut host: Box<WebSocketStream<S>>,
+    kill: &mut oneshot::Receiver<(u16, &'static str)>,
+    limits: Limits,
+    budget: &Budget,
+    sweep: &IdleSweep,
+    meter: &(dyn Fn(Stats) + Sync),
+) -> (End, Stats, Box<WebSocketStream<S>>, Box<WebSocketStream<S>>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + MessageBoundary,
+{
+    let mut sp = Splice {
+        up: Dir::default(),
+        down: Dir::default(),
+        kill_live: true,
+        up_first: false,
+        timer: None,
+        folded: Stats::default(),
+        folded_at: Instant::now(),
+        fold_timer: None,
+        polls: 0,
+        parks: 0,
+        quiet: None,
+        registered: None,
+    };
+    let end = loop {
+        let step = poll_fn(|cx| {
+            sp.poll_live(
+                cx, &mut phone, &mut host, kill, &limits, budget, sweep, meter,
+            )
+        })
+        .await;
+        match step {
+            Step::End(end) => break end,
+            Step::Park => {
+                sp.parks += 1;
+                sp.quiet = None;
+                sp.registered = None;
+                sp.timer = None;
+                sp.fold_timer = None;
+                let (pcfg, hcfg) = (*phone.get_config(), *host.get_config());
+                let (mut p, mut h) = ((*phone).into_inner(), (*host).into_inner());
+                p.shed_preauth();
+                h.shed_preauth();
+                let woke = poll_fn(|cx| sp.poll_parked(cx, &mut p, &mut h, kill)).await;
+                let (pb, hb, end) = match woke {
+                    Woke::Bytes(Side::Phone, b) => (b, Vec::new(), None),
+                    Woke::Bytes(Side::Host, b) => (Vec::new(), b, None),
+                    Woke::End(e) => (Vec::new(), Vec::new(), Some(e)),
+                };
+                phone = unpark(p, pcfg, pb).await;
+                host = unpark(h, hcfg, hb).await;
+                if let Some(end) = end {
+                    break end;
+                }
+            }
+        }
+    };
+    sp.up.release(budget);
+    sp.down.release(budget);
+    sp.fold(meter, Instant::now());
+    let mut total = sp.stats();
+    total.polls = sp.polls;
+    total.parks = sp.parks;
+    (end, total, phone, host)
 }
 
 use std::future::Future;
@@ -464,22 +705,28 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::leg::preauth_io::PreAuthIo;
     use futures_util::{SinkExt, StreamExt};
+    use std::sync::Arc;
     use tokio::io::DuplexStream;
-    use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 
+    /// The relay's end of a leg (through the pre-auth wrapper, lifted, as in the cell).
+    type R = WebSocketStream<PreAuthIo<DuplexStream>>;
+    /// The client's end.
     type W = WebSocketStream<DuplexStream>;
 
-    async fn pair(buf: usize, max: usize) -> (W, W) {
+    async fn pair(buf: usize, max: usize) -> (Box<R>, W) {
         let (a, b) = tokio::io::duplex(buf);
         let cfg = WebSocketConfig::default()
             .read_buffer_size(4096)
             .write_buffer_size(32 * 1024)
             .max_message_size(Some(max))
             .max_frame_size(Some(max));
-        let server = WebSocketStream::from_raw_socket(a, Role::Server, Some(cfg)).await;
+        let io = PreAuthIo::new(a);
+        io.lift();
+        let server = WebSocketStream::from_raw_socket(io, Role::Server, Some(cfg)).await;
         let client = WebSocketStream::from_raw_socket(b, Role::Client, Some(cfg)).await;
-        (server, client)
+        (Box::new(server), client)
     }
 
     struct Rig {
@@ -489,14 +736,21 @@ mod tests {
         kill: Option<oneshot::Sender<(u16, &'static str)>>,
     }
 
-    async fn rig(buf: usize, limits: Limits, budget: std::sync::Arc<Budget>) -> Rig {
-        let (mut sp, phone) = pair(buf, 1 << 20).await;
-        let (mut sh, host) = pair(buf, 1 << 20).await;
+    /// A splice between two client sockets; `sweep` rounds are ticked by the test.
+    async fn rig_swept(
+        buf: usize,
+        limits: Limits,
+        budget: Arc<Budget>,
+        sweep: Arc<IdleSweep>,
+    ) -> Rig {
+        let (sp, phone) = pair(buf, 1 << 20).await;
+        let (sh, host) = pair(buf, 1 << 20).await;
         let (tx, mut rx) = oneshot::channel();
         let task = tokio::spawn(async move {
-            let r = run(&mut sp, &mut sh, &mut rx, limits, &budget, &|_| {}).await;
-            close_pair(&mut sp, &mut sh, &r.0).await;
-            r
+            let (end, stats, mut sp, mut sh) =
+                run(sp, sh, &mut rx, limits, &budget, &sweep, &|_| {}).await;
+            close_pair(&mut sp, &mut sh, &end).await;
+            (end, stats)
         });
         Rig {
             phone,
@@ -506,13 +760,18 @@ mod tests {
         }
     }
 
+    /// A splice whose sweep never ticks (it never parks).
+    async fn rig(buf: usize, limits: Limits, budget: Arc<Budget>) -> Rig {
+        rig_swept(buf, limits, budget, Default::default()).await
+    }
+
     /// A live splice hands its counts to the meter while it runs (a trailing fold after a burst
     /// then silence, within the fold interval), and the meter's sum equals the final totals.
     #[tokio::test]
     async fn counts_fold_into_the_meter_while_the_splice_lives() {
         use std::sync::Mutex;
-        let (mut sp, mut phone) = pair(64 * 1024, 1 << 20).await;
-        let (mut sh, mut host) = pair(64 * 1024, 1 << 20).await;
+        let (sp, mut phone) = pair(64 * 1024, 1 << 20).await;
+        let (sh, mut host) = pair(64 * 1024, 1 << 20).await;
         let (tx, mut rx) = oneshot::channel::<(u16, &'static str)>();
         let seen = std::sync::Arc::new(Mutex::new(Stats::default()));
         let s2 = seen.clone();
@@ -525,7 +784,10 @@ mod tests {
                 s.bytes_to_phone += d.bytes_to_phone;
             };
             let b = Budget::default();
-            run(&mut sp, &mut sh, &mut rx, Limits::default(), &b, &meter).await
+            let sweep = IdleSweep::default();
+            let (end, stats, _, _) =
+                run(sp, sh, &mut rx, Limits::default(), &b, &sweep, &meter).await;
+            (end, stats)
         });
         for _ in 0..3 {
             phone.send(Message::text("abcd")).await.unwrap();
@@ -633,23 +895,29 @@ mod tests {
         assert_eq!(r.task.await.unwrap().0, End::Oversize(Side::Phone));
     }
 
-    /// A phone that stops reading: overflow stays bounded (one message), the source is not read,
-    /// and the wedge timer closes both 4429.
-    #[tokio::test]
-    async fn stalled_reader_is_bounded_then_wedged() {
-        let budget = std::sync::Arc::new(Budget::default());
+    /// A splice whose phone never reads while its host sends 64 KiB messages as fast as the relay
+    /// takes them: the set-up of both wedge tests. Returns the phone (kept so it stays open), the
+    /// splice task and the sender task.
+    async fn stalled_reader(
+        wedge: Duration,
+        budget: Arc<Budget>,
+    ) -> (
+        W,
+        tokio::task::JoinHandle<(End, Stats)>,
+        tokio::task::JoinHandle<W>,
+    ) {
         let limits = Limits {
-            wedge: Duration::from_millis(1_500),
+            wedge,
             ..Limits::default()
         };
-        let r = rig(16 * 1024, limits, budget.clone()).await;
         let Rig {
             phone,
             mut host,
             task,
-            kill: _kill,
-        } = r;
+            kill,
+        } = rig(16 * 1024, limits, budget).await;
         let sender = tokio::spawn(async move {
+            let _kill = kill;
             let chunk = vec![7u8; 64 * 1024];
             for _ in 0..1024 {
                 if host.send(Message::binary(chunk.clone())).await.is_err() {
@@ -658,6 +926,16 @@ mod tests {
             }
             host
         });
+        (phone, task, sender)
+    }
+
+    /// A phone that stops reading: overflow stays bounded (one message), the source is not read,
+    /// and the wedge timer closes both 4429.
+    #[tokio::test]
+    async fn stalled_reader_is_bounded_then_wedged() {
+        let budget = Arc::new(Budget::default());
+        let (phone, task, sender) =
+            stalled_reader(Duration::from_millis(1_500), budget.clone()).await;
         // Let it saturate: the overflow holds at most one message.
         let started = std::time::Instant::now();
         while !task.is_finished() {
@@ -677,27 +955,8 @@ mod tests {
     /// deadline: no periodic wake-ups (a 25 ms re-check would poll it ~400 times in 10 s).
     #[tokio::test(start_paused = true)]
     async fn overflowing_splice_sleeps_until_the_wedge_deadline() {
-        let budget = std::sync::Arc::new(Budget::default());
-        let limits = Limits {
-            wedge: Duration::from_secs(10),
-            ..Limits::default()
-        };
-        let r = rig(16 * 1024, limits, budget.clone()).await;
-        let Rig {
-            phone,
-            mut host,
-            task,
-            kill: _kill,
-        } = r;
-        let sender = tokio::spawn(async move {
-            let chunk = vec![7u8; 64 * 1024];
-            for _ in 0..1024 {
-                if host.send(Message::binary(chunk.clone())).await.is_err() {
-                    break;
-                }
-            }
-            host
-        });
+        let (phone, task, sender) =
+            stalled_reader(Duration::from_secs(10), Default::default()).await;
         let started = Instant::now();
         let (end, stats) = task.await.unwrap();
         assert_eq!(end, End::Wedged);
@@ -705,6 +964,166 @@ mod tests {
         assert!(stats.polls < 100, "{} wake-ups", stats.polls);
         drop(phone);
         sender.abort();
+    }
+
+    /// Ticks `sweep` until the splice has been quiet for two rounds (it parks on the second).
+    async fn park(sweep: &IdleSweep) {
+        for _ in 0..3 {
+            // Let the splice reach its quiet poll and register before each round.
+            for _ in 0..50 {
+                tokio::task::yield_now().await;
+            }
+            sweep.tick();
+        }
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// A quiet splice parks (its waker leaves the sweep list) and wakes on a frame from either
+    /// side, forwarding it and later frames in order; a fragmented message with a ping between
+    /// its fragments survives parking on both sides of the ping.
+    #[tokio::test]
+    async fn quiet_splice_parks_and_wakes_on_either_side() {
+        let sweep = Arc::new(IdleSweep::default());
+        let mut r = rig_swept(
+            64 * 1024,
+            Limits::default(),
+            Default::default(),
+            sweep.clone(),
+        )
+        .await;
+        r.phone.send(Message::text("before")).await.unwrap();
+        assert_eq!(
+            r.host.next().await.unwrap().unwrap(),
+            Message::text("before")
+        );
+        park(&sweep).await;
+        assert_eq!(sweep.waiting(), 0, "a parked splice is on no list");
+        r.phone.send(Message::text("up")).await.unwrap();
+        assert_eq!(r.host.next().await.unwrap().unwrap(), Message::text("up"));
+        park(&sweep).await;
+        r.host.send(Message::binary(vec![1u8, 2, 3])).await.unwrap();
+        assert_eq!(
+            r.phone.next().await.unwrap().unwrap(),
+            Message::binary(vec![1u8, 2, 3])
+        );
+        park(&sweep).await;
+        // A ping while parked is answered by the rebuilt codec.
+        r.phone.send(Message::Ping(vec![9u8].into())).await.unwrap();
+        assert_eq!(
+            r.phone.next().await.unwrap().unwrap(),
+            Message::Pong(vec![9u8].into())
+        );
+        park(&sweep).await;
+        // Raw fragments: first fragment, then a sweep round, then a ping and the final fragment.
+        // The half-open message keeps the splice live (never parked mid-message).
+        use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+        use tokio_tungstenite::tungstenite::protocol::frame::{Frame, FrameHeader};
+        let frag = |fin: bool, op: OpCode, payload: &'static [u8]| {
+            let header = FrameHeader {
+                is_final: fin,
+                opcode: op,
+                ..FrameHeader::default()
+            };
+            Message::Frame(Frame::from_payload(header, payload.into()))
+        };
+        r.phone
+            .send(frag(false, OpCode::Data(Data::Text), b"frag"))
+            .await
+            .unwrap();
+        park(&sweep).await;
+        r.phone.send(Message::Ping(vec![].into())).await.unwrap();
+        r.phone
+            .send(frag(true, OpCode::Data(Data::Continue), b"mented"))
+            .await
+            .unwrap();
+        assert_eq!(
+            r.host.next().await.unwrap().unwrap(),
+            Message::text("fragmented")
+        );
+        r.host.close(None).await.unwrap();
+        let (end, stats) = r.task.await.unwrap();
+        assert_eq!(end, End::Dropped(Side::Host));
+        assert!(stats.parks >= 4, "{stats:?}");
+        assert_eq!((stats.frames_to_host, stats.frames_to_phone), (3, 1));
+    }
+
+    /// A parked splice still ends on the kill switch (both get the code) and on a peer's EOF (the
+    /// other side gets 4408).
+    #[tokio::test]
+    async fn parked_splice_ends_on_kill_and_on_eof() {
+        let sweep = Arc::new(IdleSweep::default());
+        let mut r = rig_swept(
+            64 * 1024,
+            Limits::default(),
+            Default::default(),
+            sweep.clone(),
+        )
+        .await;
+        park(&sweep).await;
+        r.kill
+            .take()
+            .unwrap()
+            .send((4503, "relay draining"))
+            .unwrap();
+        for ws in [&mut r.phone, &mut r.host] {
+            match ws.next().await.unwrap().unwrap() {
+                Message::Close(Some(f)) => assert_eq!(u16::from(f.code), 4503),
+                other => panic!("{other:?}"),
+            }
+        }
+        let (end, stats) = r.task.await.unwrap();
+        assert_eq!(end, End::Killed(4503, "relay draining"));
+        assert_eq!(stats.parks, 1);
+
+        let r = rig_swept(
+            64 * 1024,
+            Limits::default(),
+            Default::default(),
+            sweep.clone(),
+        )
+        .await;
+        park(&sweep).await;
+        let Rig {
+            phone,
+            mut host,
+            task,
+            kill: _kill,
+        } = r;
+        drop(phone);
+        match host.next().await.unwrap().unwrap() {
+            Message::Close(Some(f)) => assert_eq!(u16::from(f.code), 4408),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(task.await.unwrap().0, End::Dropped(Side::Phone));
+    }
+
+    /// Traffic in every round keeps a splice live: it never parks while frames move.
+    #[tokio::test]
+    async fn busy_splice_never_parks() {
+        let sweep = Arc::new(IdleSweep::default());
+        let mut r = rig_swept(
+            64 * 1024,
+            Limits::default(),
+            Default::default(),
+            sweep.clone(),
+        )
+        .await;
+        for i in 0..20u32 {
+            r.phone
+                .send(Message::binary(i.to_be_bytes().to_vec()))
+                .await
+                .unwrap();
+            r.host.next().await.unwrap().unwrap();
+            for _ in 0..20 {
+                tokio::task::yield_now().await;
+            }
+            sweep.tick();
+        }
+        r.phone.close(None).await.unwrap();
+        let (_, stats) = r.task.await.unwrap();
+        assert_eq!(stats.parks, 0);
     }
 
     /// A charger that is refused must not make a concurrent charger fail whose real total stays

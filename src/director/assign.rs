@@ -11,8 +11,9 @@ use super::placement::{
 use crate::model::{ActivityId, HostKey, LeaseCounts, LeaseKind};
 use crate::store::assignments::{
     charge_cell, delete_lease, insert_lease, insert_row, lease_expires_at, lock_host, lock_leases,
-    lock_open_migration, lock_reservations, lock_row, move_row, read_row, refresh_row,
-    release_epoch_reservations, reserve_connection, set_preferred_region, touch_row, LEASE_TTL_MS,
+    lock_open_migration, lock_reservations, lock_row, lock_sticky, move_row, read_row, refresh_row,
+    release_epoch_reservations, reserve_connection, set_preferred_region, stamp_grant, touch_row,
+    StickyRead, LEASE_TTL_MS,
 };
 use crate::store::cells::{self, Reader, Which};
 use crate::store::migrations::abort_migration;
@@ -44,6 +45,11 @@ pub enum AssignError {
     Db(DbError),
     /// Internal: the row changed under us; run A again.
     Restart,
+    /// [`assign_sticky`] only: the host has no row or its home is roll-isolated (§3.3); nothing
+    /// was written, the request belongs to the placement lane.
+    NotSticky,
+    /// [`assign_sticky`] only: the verification read failed (§3.3 `route=assign-verify`).
+    VerifyFailed(DbError),
 }
 
 impl From<DbError> for AssignError {
@@ -84,39 +90,125 @@ pub async fn assign(
     regions: &[String],
     opts: AssignOptions,
 ) -> Result<Grant, AssignError> {
+    assign_with(db, host, preferred_region, regions, opts, false).await
+}
+
+/// The sticky lane's `assign` (§3.3): the lane's verification (row exists, home not roll-isolated
+/// ignoring liveness) is made on the rows A reads under its locks, so a verified sticky grant
+/// costs two round trips in all (see [`Mode::Fast`]). Unverified → [`AssignError::NotSticky`]
+/// with nothing written. When the row is busy the verification is the plain read of §3.3.
+pub async fn assign_sticky(
+    db: &Db,
+    host: &HostKey,
+    preferred_region: Option<&str>,
+    regions: &[String],
+) -> Result<Grant, AssignError> {
+    assign_with(
+        db,
+        host,
+        preferred_region,
+        regions,
+        AssignOptions::default(),
+        true,
+    )
+    .await
+}
+
+/// The sticky lane's verification as a plain read (§3.3): the host has a row whose home is not
+/// roll-isolated (§6.2, liveness ignored).
+pub async fn verify_sticky(db: &Db, host: &HostKey) -> Result<bool, DbError> {
+    let row = match read_row(db, host).await? {
+        Some(r) => r,
+        None => return Ok(false),
+    };
+    let home = cells::view(db, &row.cell_id).await?;
+    let stamped = home.is_some_and(|c| c.roll_stamp_active(crate::clock::now_ms()));
+    if !stamped || row.counters.migrations > 0 {
+        return Ok(true);
+    }
+    let open = crate::store::migrations::read_open(db, host).await?;
+    Ok(open.is_some())
+}
+
+async fn assign_with(
+    db: &Db,
+    host: &HostKey,
+    preferred_region: Option<&str>,
+    regions: &[String],
+    opts: AssignOptions,
+    verify: bool,
+) -> Result<Grant, AssignError> {
     let mut last = AssignError::Restart;
-    let mut mode = Mode::Sticky;
+    let mut mode = Mode::Fast;
     for _ in 0..6 {
         let now = crate::clock::now_ms();
-        // A.1: plain read of the row and its home.
-        let plain = read_row(db, host).await?;
-        let wait = match (&plain, mode) {
-            (Some(row), Mode::Sticky) => match cells::view(db, &row.cell_id).await? {
-                Some(home) if home.live(now) && home.admission == Admission::General => {
-                    Some(STICKY_ROW_WAIT_MS)
-                }
-                _ => None,
-            },
-            _ => None,
-        };
-        let plain_cell = plain.map(|r| r.cell_id);
         let mut events: Vec<(&'static str, Json)> = Vec::new();
-        let result: Result<Step, AssignError> = crate::transaction!(db, "assignment", |tx| {
-            events.clear();
-            assign_tx(
-                tx,
-                host,
-                plain_cell.as_deref(),
-                wait,
-                preferred_region,
-                regions,
-                opts,
-                mode,
-                now,
-                &mut events,
-            )
-            .await
-        });
+        let result: Result<Step, AssignError> = if mode == Mode::Fast {
+            let mut verified = !verify;
+            let r = crate::transaction!(db, "assignment", |tx| {
+                events.clear();
+                assign_tx(
+                    tx,
+                    host,
+                    None,
+                    None,
+                    preferred_region,
+                    regions,
+                    opts,
+                    mode,
+                    now,
+                    &mut events,
+                    if verify { Some(&mut verified) } else { None },
+                )
+                .await
+            });
+            match r {
+                Err(AssignError::RowBusy) => {
+                    // Contended: A as §5.2 writes it, its plain read choosing the wait.
+                    if verify
+                        && !verify_sticky(db, host)
+                            .await
+                            .map_err(AssignError::VerifyFailed)?
+                    {
+                        return Err(AssignError::NotSticky);
+                    }
+                    mode = Mode::Sticky;
+                    continue;
+                }
+                Err(AssignError::Db(e)) if !verified => return Err(AssignError::VerifyFailed(e)),
+                r => r,
+            }
+        } else {
+            // A.1: plain read of the row and its home.
+            let plain = read_row(db, host).await?;
+            let wait = match (&plain, mode) {
+                (Some(row), Mode::Sticky) => match cells::view(db, &row.cell_id).await? {
+                    Some(home) if home.live(now) && home.admission == Admission::General => {
+                        Some(STICKY_ROW_WAIT_MS)
+                    }
+                    _ => None,
+                },
+                _ => None,
+            };
+            let plain_cell = plain.map(|r| r.cell_id);
+            crate::transaction!(db, "assignment", |tx| {
+                events.clear();
+                assign_tx(
+                    tx,
+                    host,
+                    plain_cell.as_deref(),
+                    wait,
+                    preferred_region,
+                    regions,
+                    opts,
+                    mode,
+                    now,
+                    &mut events,
+                    None,
+                )
+                .await
+            })
+        };
         match result {
             Err(AssignError::Restart) => {
                 last = AssignError::Restart;
@@ -165,6 +257,13 @@ pub async fn assign(
 /// Which entry of §5.2 a transaction plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
+    /// A's first attempt in two round trips: `BEGIN` pipelined with one statement that locks the
+    /// row `NOWAIT` and the host rows and reads the home ([`lock_sticky`]); a grant at the same
+    /// epoch (A.5) is then one `UPDATE` pipelined with `COMMIT` ([`stamp_grant`]). No plain read
+    /// comes first: it only chooses how long to wait for a busy row, and a busy row sends the
+    /// request to [`Mode::Sticky`], which makes it. The same rows are locked in the same order,
+    /// so the outcome is the one §5.2 prescribes.
+    Fast,
     /// A (then P or M in the same transaction).
     Sticky,
     /// M entered from I: its own transaction, assignment row NOWAIT.
@@ -271,56 +370,86 @@ async fn assign_tx(
     mode: Mode,
     now: i64,
     events: &mut Vec<(&'static str, Json)>,
+    verified: Option<&mut bool>,
 ) -> Result<Step, AssignError> {
-    // A.2: the assignment row.
-    let row = lock_row(tx, host, wait).await.map_err(busy)?;
-    let row = match row {
-        None => {
-            // P: fresh placement over the general rows.
-            tx.set_lock_timeout(opts.cell_wait_ms).await?;
-            let cells = cells::views(Reader::Tx(tx), Which::General, true).await?;
-            let region = placement_region(preferred, None, regions);
-            return apply(
-                tx,
-                host,
-                None,
-                &cells,
-                decide(None, &cells, region, now),
-                preferred,
-                now,
-                events,
-            )
-            .await
-            .map(Step::Done);
+    // A.2–A.3: the assignment row, then the host rows; the home by plain read.
+    let locked: Option<StickyRead> = match mode {
+        Mode::Fast => lock_sticky(tx, host).await.map_err(busy)?,
+        _ => match lock_row(tx, host, wait).await.map_err(busy)? {
+            None => None,
+            Some(row) => {
+                if plain_cell != Some(row.cell_id.as_str()) {
+                    return Err(AssignError::Restart);
+                }
+                let leases = lock_leases(tx, host).await?;
+                let open_migration = lock_open_migration(tx, host).await?;
+                lock_reservations(tx, host).await?;
+                let home = cells::views(Reader::Tx(tx), Which::One(&row.cell_id), false)
+                    .await?
+                    .into_iter()
+                    .next();
+                Some((
+                    HostView {
+                        row,
+                        leases,
+                        open_migration,
+                    },
+                    home,
+                ))
+            }
+        },
+    };
+    if let Some(v) = verified {
+        match &locked {
+            Some((hv, home)) if !hv.roll_isolated(home.as_ref(), now) => *v = true,
+            _ => return Err(AssignError::NotSticky),
         }
-        Some(r) => r,
-    };
-    if plain_cell != Some(row.cell_id.as_str()) {
-        return Err(AssignError::Restart);
     }
-    // A.3: host rows, then the preference.
-    let leases = lock_leases(tx, host).await?;
-    let open_migration = lock_open_migration(tx, host).await?;
-    lock_reservations(tx, host).await?;
-    let mut row = row;
+    let Some((mut hv, home)) = locked else {
+        // P: fresh placement over the general rows.
+        tx.set_lock_timeout(opts.cell_wait_ms).await?;
+        let cells = cells::views(Reader::Tx(tx), Which::General, true).await?;
+        let region = placement_region(preferred, None, regions);
+        return apply(
+            tx,
+            host,
+            None,
+            &cells,
+            decide(None, &cells, region, now),
+            preferred,
+            now,
+            events,
+        )
+        .await
+        .map(Step::Done);
+    };
     if let Some(p) = preferred {
-        set_preferred_region(tx, host, p, now).await?;
-        row.preferred_region = Some(p.to_string());
+        hv.row.preferred_region = Some(p.to_string());
     }
-    let hv = HostView {
-        row,
-        leases,
-        open_migration,
-    };
     let region =
         placement_region(preferred, hv.row.preferred_region.as_deref(), regions).to_string();
-    // A.4–A.7 with a plain read of the home only.
-    let home = cells::views(Reader::Tx(tx), Which::One(&hv.row.cell_id), false)
-        .await?
-        .into_iter()
-        .next();
-    if mode == Mode::Sticky {
-        if let Some(d) = decide_sticky(&hv, home.as_ref(), now) {
+    let sticky = if mode == Mode::AllRows {
+        None
+    } else {
+        decide_sticky(&hv, home.as_ref(), now)
+    };
+    if let (Some(Decision::Grant { deferred: false }), Some(home)) = (&sticky, &home) {
+        // A.5: one write, the transaction's last statement, sent with COMMIT.
+        let lease = stamp_grant(tx, &hv, host, preferred, now).await?;
+        return Ok(Step::Done(Grant {
+            cell_id: home.cell_id.clone(),
+            cell_url: home.cell_url.clone(),
+            region: home.region.clone(),
+            assignment_epoch: hv.row.assignment_epoch,
+            lease_expires_at: lease,
+            moved: None,
+        }));
+    }
+    if let Some(p) = preferred {
+        set_preferred_region(tx, host, p, now).await?;
+    }
+    if mode != Mode::AllRows {
+        if let Some(d) = sticky {
             let cells: Vec<CellView> = home.into_iter().collect();
             return apply(tx, host, Some(&hv), &cells, d, preferred, now, events)
                 .await

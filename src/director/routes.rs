@@ -215,7 +215,7 @@ impl Director {
                     UNAVAILABLE,
                 )
             }
-            AssignError::Restart => {
+            AssignError::Restart | AssignError::NotSticky | AssignError::VerifyFailed(_) => {
                 self.reject(c, "database_unavailable", host, None);
                 coded(
                     h::error_retry(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, c.retry_after),
@@ -279,29 +279,24 @@ impl Director {
             };
             match self.sticky_lane.enter(&host).await {
                 Err(r) => return self.lane_rejected(c, r, &host),
-                Ok(permit) => match self.sticky_verify(&host).await {
-                    Err(e) => {
-                        drop(permit);
-                        log::warn!("[orca-relay] assignment verify failed: {e}");
-                        let v = Ctx {
-                            route: "assign-verify",
-                            lane: "none",
-                            ..c
-                        };
-                        self.reject(v, "database_unavailable", &host, None);
-                        return h::error_retry(
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            UNAVAILABLE,
-                            sticky_retry,
-                        );
+                // The verification runs inside the grant's first transaction (`assign_sticky`);
+                // an unverified host leaves the slot and joins the placement lane.
+                Ok(permit) => {
+                    if let Some(r) = self
+                        .run_assign(
+                            permit,
+                            c,
+                            host.clone(),
+                            req.preferred_region.clone(),
+                            rc.clone(),
+                            now,
+                            true,
+                        )
+                        .await
+                    {
+                        return r;
                     }
-                    Ok(true) => {
-                        return self
-                            .run_assign(permit, c, host, req.preferred_region, rc, now)
-                            .await
-                    }
-                    Ok(false) => drop(permit),
-                },
+                }
             }
         }
         let c = Ctx {
@@ -312,31 +307,19 @@ impl Director {
         };
         match self.placement_lane.enter(&host).await {
             Err(r) => self.lane_rejected(c, r, &host),
-            Ok(permit) => {
-                self.run_assign(permit, c, host, req.preferred_region, rc, now)
-                    .await
-            }
+            Ok(permit) => self
+                .run_assign(permit, c, host, req.preferred_region, rc, now, false)
+                .await
+                .unwrap_or_else(|| {
+                    h::error_retry(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, c.retry_after)
+                }),
         }
-    }
-
-    /// The sticky lane's check: the host has a row whose home is not roll-isolated (§6.2,
-    /// liveness ignored).
-    async fn sticky_verify(&self, host: &HostKey) -> Result<bool, crate::store::DbError> {
-        let db = &self.ctx.db;
-        let row = match crate::store::assignments::read_row(db, host).await? {
-            Some(r) => r,
-            None => return Ok(false),
-        };
-        let home = crate::store::cells::view(db, &row.cell_id).await?;
-        let stamped = home.is_some_and(|c| c.roll_stamp_active(clock::now_ms()));
-        if !stamped || row.counters.migrations > 0 {
-            return Ok(true);
-        }
-        let open = crate::store::migrations::read_open(db, host).await?;
-        Ok(open.is_some())
     }
 
     /// Runs the work in the held slot, in its own task so it completes even if the client leaves.
+    /// `sticky`: the sticky lane's work, verified inside the grant; `None` when it did not verify
+    /// (the slot is released, the request belongs to the placement lane).
+    #[allow(clippy::too_many_arguments)]
     async fn run_assign(
         self: &Arc<Self>,
         permit: LanePermit,
@@ -345,7 +328,8 @@ impl Director {
         preferred: Option<String>,
         rc: Option<RegionCorrection>,
         now: i64,
-    ) -> Response {
+        sticky: bool,
+    ) -> Option<Response> {
         let report = matches!(rc, Some(RegionCorrection::Report(_)));
         permit.started();
         let me = self.clone();
@@ -365,16 +349,20 @@ impl Director {
                     Err(e) => Err(Some(AssignError::Db(e))),
                 };
             }
-            sp::assign(
-                db,
-                &host,
-                preferred.as_deref(),
-                regions,
-                AssignOptions::default(),
-            )
-            .await
-            .map(|g| (g.cell_id, g.cell_url, g.assignment_epoch, Some(g.region)))
-            .map_err(Some)
+            let g = if sticky {
+                sp::assign_sticky(db, &host, preferred.as_deref(), regions).await
+            } else {
+                sp::assign(
+                    db,
+                    &host,
+                    preferred.as_deref(),
+                    regions,
+                    AssignOptions::default(),
+                )
+                .await
+            };
+            g.map(|g| (g.cell_id, g.cell_url, g.assignment_epoch, Some(g.region)))
+                .map_err(Some)
         });
         let result = match task.await {
             Ok(r) => r,
@@ -382,7 +370,22 @@ impl Director {
                 "assign task failed".into(),
             )))),
         };
-        match result {
+        Some(match result {
+            Err(Some(AssignError::NotSticky)) => return None,
+            Err(Some(AssignError::VerifyFailed(e))) => {
+                log::warn!("[orca-relay] assignment verify failed: {e}");
+                let v = Ctx {
+                    route: "assign-verify",
+                    lane: "none",
+                    ..c
+                };
+                self.reject(v, "database_unavailable", &host, None);
+                h::error_retry(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    UNAVAILABLE,
+                    self.sticky_lane.cfg.retry_after_s,
+                )
+            }
             Ok((cell_id, cell_url, epoch, home_region)) => {
                 let cfg = &self.ctx.config;
                 let lease = crypto::jwt::mint_assignment_lease(
@@ -411,13 +414,13 @@ impl Director {
                 {
                     Ok(Some(v)) => body["regionCorrection"] = v,
                     Ok(None) => {}
-                    Err(r) => return r,
+                    Err(r) => return Some(r),
                 }
                 h::json(StatusCode::OK, &body)
             }
             Err(None) => h::error(StatusCode::CONFLICT, "assignment_not_found"),
             Err(Some(e)) => self.assign_failed(c, e, &host),
-        }
+        })
     }
 
     async fn resolve_route(self: Arc<Self>, body: Body) -> Response {

@@ -8,6 +8,7 @@
 //! verdict).
 
 pub mod admission;
+pub mod boundary;
 pub mod frame;
 pub mod gates;
 pub mod path;

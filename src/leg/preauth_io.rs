@@ -20,6 +20,8 @@ use std::task::{Context, Poll, Waker};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 
+use super::boundary::{Boundary, MessageBoundary};
+
 /// Bytes (frame headers included) an unauthenticated leg may send before it is refused 1009.
 /// The largest legitimate pre-auth exchange, `host-hello` plus `host-challenge-ack` with a
 /// 128-character `appVersion`, is under 1.5 KiB.
@@ -33,30 +35,36 @@ struct Budget {
     waker: Mutex<Option<Waker>>,
 }
 
-/// The socket under a leg's WebSocket, with the pre-auth read budget.
+/// The socket under a leg's WebSocket, with the pre-auth read budget and the frame-boundary
+/// tracker of everything read ([`Boundary`]).
 pub struct PreAuthIo<S> {
     inner: S,
-    budget: Arc<Budget>,
+    /// `None` once shed after authentication ([`MessageBoundary::shed_preauth`]): an idle spliced
+    /// socket then holds no budget state at all.
+    budget: Option<Arc<Budget>>,
+    boundary: Boundary,
 }
 
 impl<S> PreAuthIo<S> {
     pub fn new(inner: S) -> Self {
         PreAuthIo {
             inner,
-            budget: Arc::new(Budget {
+            budget: Some(Arc::new(Budget {
                 left: AtomicUsize::new(PREAUTH_READ_BUDGET),
                 lifted: AtomicBool::new(false),
                 exceeded: AtomicBool::new(false),
                 notify: Notify::new(),
                 waker: Mutex::new(None),
-            }),
+            })),
+            boundary: Boundary::default(),
         }
     }
 
     /// After authentication: reads are no longer budgeted (the leg's message limit applies).
     pub fn lift(&self) {
-        self.budget.lifted.store(true, Ordering::SeqCst);
-        if let Some(w) = crate::sync::lock(&self.budget.waker).take() {
+        let Some(b) = &self.budget else { return };
+        b.lifted.store(true, Ordering::SeqCst);
+        if let Some(w) = crate::sync::lock(&b.waker).take() {
             w.wake();
         }
     }
@@ -65,6 +73,9 @@ impl<S> PreAuthIo<S> {
     pub fn exceeded(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let b = self.budget.clone();
         async move {
+            let Some(b) = b else {
+                return std::future::pending().await;
+            };
             loop {
                 let notified = b.notify.notified();
                 if b.exceeded.load(Ordering::SeqCst) {
@@ -76,7 +87,25 @@ impl<S> PreAuthIo<S> {
     }
 
     pub fn is_exceeded(&self) -> bool {
-        self.budget.exceeded.load(Ordering::SeqCst)
+        self.budget
+            .as_ref()
+            .is_some_and(|b| b.exceeded.load(Ordering::SeqCst))
+    }
+}
+
+impl<S> MessageBoundary for PreAuthIo<S> {
+    fn at_message_boundary(&self) -> bool {
+        self.boundary.at_message_boundary()
+    }
+    /// Only once lifted: an unauthenticated socket keeps its budget.
+    fn shed_preauth(&mut self) {
+        if self
+            .budget
+            .as_ref()
+            .is_some_and(|b| b.lifted.load(Ordering::SeqCst))
+        {
+            self.budget = None;
+        }
     }
 }
 
@@ -87,16 +116,19 @@ impl<S: AsyncRead + Unpin> AsyncRead for PreAuthIo<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let b = &this.budget;
-        if b.lifted.load(Ordering::SeqCst) {
-            return Pin::new(&mut this.inner).poll_read(cx, buf);
-        }
+        let Some(b) = this
+            .budget
+            .as_ref()
+            .filter(|b| !b.lifted.load(Ordering::SeqCst))
+        else {
+            return tracked(&mut this.inner, &mut this.boundary, cx, buf);
+        };
         let left = b.left.load(Ordering::SeqCst);
         if left == 0 {
             *crate::sync::lock(&b.waker) = Some(cx.waker().clone());
             // Re-check: a lift between the load and storing the waker must not be missed.
             if b.lifted.load(Ordering::SeqCst) {
-                return Pin::new(&mut this.inner).poll_read(cx, buf);
+                return tracked(&mut this.inner, &mut this.boundary, cx, buf);
             }
             if !b.exceeded.swap(true, Ordering::SeqCst) {
                 b.notify.notify_waiters();
@@ -110,11 +142,27 @@ impl<S: AsyncRead + Unpin> AsyncRead for PreAuthIo<S> {
         let r = Pin::new(&mut this.inner).poll_read(cx, &mut limited);
         let n = limited.filled().len();
         if let Poll::Ready(Ok(())) = r {
+            this.boundary.feed(limited.filled());
             buf.advance(n);
             b.left.fetch_sub(n, Ordering::SeqCst);
         }
         r
     }
+}
+
+/// Reads from `inner` into `buf`, following the new bytes' frame boundaries.
+fn tracked<S: AsyncRead + Unpin>(
+    inner: &mut S,
+    boundary: &mut Boundary,
+    cx: &mut Context<'_>,
+    buf: &mut ReadBuf<'_>,
+) -> Poll<io::Result<()>> {
+    let before = buf.filled().len();
+    let r = Pin::new(inner).poll_read(cx, buf);
+    if let Poll::Ready(Ok(())) = r {
+        boundary.feed(&buf.filled()[before..]);
+    }
+    r
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for PreAuthIo<S> {

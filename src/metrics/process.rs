@@ -23,6 +23,9 @@ pub struct ProcessCollector {
     max_fds: IntGauge,
     start: Gauge,
     threads: IntGauge,
+    /// Tasks alive on the tokio runtime that scrapes (`RuntimeMetrics::num_alive_tasks`): the
+    /// churn soak watches it return to its baseline, as it watches RSS and fds.
+    tasks: IntGauge,
     descs: Vec<Desc>,
 }
 
@@ -51,6 +54,10 @@ impl ProcessCollector {
         let fds = gauge("process_open_fds", "open file descriptors");
         let max_fds = gauge("process_max_fds", "file descriptor limit (soft)");
         let threads = gauge("process_threads", "OS threads");
+        let tasks = gauge(
+            "orca_relay_runtime_alive_tasks",
+            "tasks alive on the tokio runtime",
+        );
         let start = Gauge::new(
             "process_start_time_seconds",
             "process start time since the Unix epoch, in seconds",
@@ -64,6 +71,7 @@ impl ProcessCollector {
             fds.desc(),
             max_fds.desc(),
             threads.desc(),
+            tasks.desc(),
             start.desc(),
         ] {
             descs.extend(c.into_iter().cloned());
@@ -77,6 +85,7 @@ impl ProcessCollector {
             max_fds,
             start,
             threads,
+            tasks,
             descs,
         }
     }
@@ -182,6 +191,14 @@ impl Collector for ProcessCollector {
         {
             self.max_fds.set(m);
         }
+        // Gathering runs on the runtime's blocking pool, which carries the runtime handle; a
+        // gather from outside any runtime (a unit test) leaves the series out.
+        let tasks = tokio::runtime::Handle::try_current()
+            .ok()
+            .map(|h| h.metrics().num_alive_tasks() as i64);
+        if let Some(n) = tasks {
+            self.tasks.set(n);
+        }
         let mut out = Vec::new();
         out.extend(self.cpu.collect());
         out.extend(self.rss.collect());
@@ -189,6 +206,9 @@ impl Collector for ProcessCollector {
         out.extend(self.fds.collect());
         out.extend(self.max_fds.collect());
         out.extend(self.threads.collect());
+        if tasks.is_some() {
+            out.extend(self.tasks.collect());
+        }
         out.extend(self.start.collect());
         out
     }

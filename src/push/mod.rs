@@ -150,6 +150,19 @@ impl Push {
         Ok(serde_json::json!({ "queueDepth": depth, "deadRegistrations": dead }))
     }
 
+    /// Waits until the delivery worker made an idle pass that started after this call (see
+    /// [`worker::Worker::settled`]); at once without a worker (validation mode).
+    pub async fn worker_settled(&self) {
+        if let Some(w) = &self.worker {
+            w.settled().await;
+        }
+    }
+
+    /// The worker's (runs started, runs failed) since start-up.
+    pub fn worker_run_counts(&self) -> (u64, u64) {
+        self.worker.as_ref().map_or((0, 0), |w| w.run_counts())
+    }
+
     /// Logs the `orca_push_counters` line now if any counter moved.
     pub fn emit_counters(&self) -> bool {
         self.counters.emit(&self.ctx)

@@ -4,12 +4,20 @@
 //! claim finds nothing. A 1 s tick and every enqueue start drains for the free slots, so a drain blocked
 //! on a slow provider never delays other registrations. Leases (30 s, renewed every 10 s during the
 //! call) make delivery at-least-once across crashes and processes.
+//!
+//! A *run* is the set of drains one tick or wake starts. Failures inside a run are collected and
+//! logged once when its last drain ends (`orca_push_worker_failed`, push.md §7 "a failed run
+//! logs"), so a database outage costs one line per tick, not one per drain. A run whose drains all
+//! ended on an empty claim, with no drain of any run still going, is an *idle pass*: nothing was
+//! due when it looked. [`Worker::settled`] waits for an idle pass that started after the call,
+//! which is what tests wait for instead of fixed windows.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{watch, Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -41,6 +49,29 @@ pub struct Worker {
     /// Stops claiming (shutdown).
     stop: CancellationToken,
     tasks: TaskTracker,
+    /// Runs started so far (the sequence number of the latest run).
+    runs: AtomicU64,
+    /// Runs that failed (each logged once).
+    failed_runs: AtomicU64,
+    /// The sequence number of the latest idle pass.
+    idle: watch::Sender<u64>,
+}
+
+/// One run's shared record: the first failure of any of its drains, and whether every drain
+/// ended on an empty claim.
+struct Run {
+    seq: u64,
+    failure: Mutex<Option<(&'static str, &'static str)>>,
+    busy: AtomicBool,
+}
+
+impl Run {
+    fn fail(&self, error: &'static str, target: &'static str) {
+        let mut f = crate::sync::lock(&self.failure);
+        if f.is_none() {
+            *f = Some((error, target));
+        }
+    }
 }
 
 impl Worker {
@@ -56,7 +87,26 @@ impl Worker {
             db_slots: Arc::new(Semaphore::new(slots)),
             stop,
             tasks: TaskTracker::new(),
+            runs: AtomicU64::new(0),
+            failed_runs: AtomicU64::new(0),
+            idle: watch::Sender::new(0),
         })
+    }
+
+    /// Waits for an idle pass (see the module docs) of a run started after this call: everything
+    /// due before the call has been delivered or rescheduled and nothing is in flight.
+    pub async fn settled(&self) {
+        let after = self.runs.load(Ordering::SeqCst);
+        let mut rx = self.idle.subscribe();
+        let _ = rx.wait_for(|&seq| seq > after).await;
+    }
+
+    /// Runs started and runs that failed, since start-up.
+    pub fn run_counts(&self) -> (u64, u64) {
+        (
+            self.runs.load(Ordering::SeqCst),
+            self.failed_runs.load(Ordering::SeqCst),
+        )
     }
 
     /// Wake-on-enqueue.
@@ -80,18 +130,54 @@ impl Worker {
     }
 
     fn start_drains(self: &Arc<Self>) {
+        let mut run: Option<Arc<Run>> = None;
         while let Ok(permit) = self.drains.clone().try_acquire_owned() {
+            let run = run
+                .get_or_insert_with(|| {
+                    Arc::new(Run {
+                        seq: self.runs.fetch_add(1, Ordering::SeqCst) + 1,
+                        failure: Mutex::new(None),
+                        busy: AtomicBool::new(false),
+                    })
+                })
+                .clone();
             let w = self.clone();
             self.tasks.spawn(async move {
-                w.drain().await;
+                w.drain(&run).await;
                 drop(permit);
+                if let Some(run) = Arc::into_inner(run) {
+                    w.end_run(run);
+                }
             });
         }
     }
 
-    async fn drain(&self) {
+    /// The last drain of `run` ended: one log line if it failed, else maybe an idle pass.
+    fn end_run(&self, run: Run) {
+        let failure = run.failure.into_inner().unwrap_or_else(|e| e.into_inner());
+        if let Some((error, target)) = failure {
+            self.failed_runs.fetch_add(1, Ordering::SeqCst);
+            logging::event_warn(
+                "orca_push_worker_failed",
+                json!({"error": error, "target": target}),
+            );
+            return;
+        }
+        if !run.busy.load(Ordering::SeqCst) && self.drains.available_permits() == DRAINS {
+            self.idle.send_if_modified(|seq| {
+                let newer = run.seq > *seq;
+                if newer {
+                    *seq = run.seq;
+                }
+                newer
+            });
+        }
+    }
+
+    async fn drain(&self, run: &Run) {
         for _ in 0..CLAIMS_PER_DRAIN {
             if self.stop.is_cancelled() {
+                run.busy.store(true, Ordering::SeqCst);
                 return;
             }
             // Shutdown waits for deliveries, not for claims: a claim stuck on an unreachable
@@ -104,18 +190,16 @@ impl Worker {
                 } => r,
             };
             match claimed {
-                Ok(Some(c)) => self.deliver(c).await,
+                Ok(Some(c)) => self.deliver(run, c).await,
                 Ok(None) => return,
                 Err(e) => {
-                    logging::event_warn(
-                        "orca_push_worker_failed",
-                        json!({"error": db_class(&e), "target": "claim"}),
-                    );
+                    run.fail(db_class(&e), "claim");
                     return;
                 }
             }
         }
         // A full drain may have left work: go again at once.
+        run.busy.store(true, Ordering::SeqCst);
         self.wake();
     }
 
@@ -126,11 +210,11 @@ impl Worker {
         tokio::time::timeout(limit, self.tasks.wait()).await.is_ok()
     }
 
-    async fn deliver(&self, c: Claimed) {
+    async fn deliver(&self, run: &Run, c: Claimed) {
         let m = &self.ctx.metrics;
         let now = now_ms();
         if now >= c.expires_at {
-            if self.finish_delete(&c).await {
+            if self.finish_delete(run, &c).await {
                 m.push_inc("delivery_expired");
             }
             return;
@@ -138,7 +222,8 @@ impl Worker {
         let target = match store::device_target(&self.ctx.db, &c.registration_id).await {
             Ok(t) => t,
             Err(e) => {
-                self.fail_in_send_path(&c, &e.to_string()).await;
+                run.fail(db_class(&e), "deliver");
+                self.retry(run, &c, EXCEPTION_DELAY_MS).await;
                 return;
             }
         };
@@ -146,12 +231,12 @@ impl Worker {
             Some(t) if !t.dead => t,
             // registration_unavailable: no call, counter or log.
             _ => {
-                self.finish_delete(&c).await;
+                self.finish_delete(run, &c).await;
                 return;
             }
         };
         let Some(n) = Notification::from_payload(&c.payload_json) else {
-            self.fail_in_send_path(&c, "payload").await;
+            self.fail_in_send_path(run, &c).await;
             return;
         };
         if c.attempts > 1 {
@@ -165,12 +250,19 @@ impl Worker {
         } else {
             String::new()
         };
-        let outcome = self.call_provider(&c, &n, &target, &env).await;
-        self.finish(&c, &target, &env, outcome).await;
+        let outcome = self.call_provider(run, &c, &n, &target, &env).await;
+        self.finish(run, &c, &target, &env, outcome).await;
     }
 
     /// The provider call with lease renewal every 10 s.
-    async fn call_provider(&self, c: &Claimed, n: &Notification, t: &Target, env: &str) -> Outcome {
+    async fn call_provider(
+        &self,
+        run: &Run,
+        c: &Claimed,
+        n: &Notification,
+        t: &Target,
+        env: &str,
+    ) -> Outcome {
         let fp = &c.host_fingerprint;
         let call = async {
             if t.platform == "ios" {
@@ -193,30 +285,27 @@ impl Worker {
                 out = &mut call => return out,
                 _ = renew.tick() => {
                     if let Err(e) = store::renew(&self.ctx.db, c, &LIMITS, now_ms()).await {
-                        logging::event_warn("orca_push_worker_failed", json!({"error": db_class(&e), "target": "renew"}));
+                        run.fail(db_class(&e), "renew");
                     }
                 }
             }
         }
     }
 
-    async fn finish(&self, c: &Claimed, t: &Target, env: &str, outcome: Outcome) {
+    async fn finish(&self, run: &Run, c: &Claimed, t: &Target, env: &str, outcome: Outcome) {
         let m = &self.ctx.metrics;
         let host = logging::digest(&c.host_fingerprint);
         match outcome {
             Outcome::Sent => {
                 m.push_inc("delivery_sent");
-                self.finish_delete(c).await;
+                self.finish_delete(run, c).await;
             }
             Outcome::Dead { reason, status } => {
                 m.push_inc("delivery_dead");
                 log_failed(&t.platform, status, &reason, &host);
                 let _slot = self.db_slots.acquire().await;
                 if let Err(e) = store::finish_dead(&self.ctx.db, c, t, env, now_ms()).await {
-                    logging::event_warn(
-                        "orca_push_worker_failed",
-                        json!({"error": db_class(&e), "target": "retire"}),
-                    );
+                    run.fail(db_class(&e), "retire");
                 }
             }
             Outcome::Error {
@@ -228,49 +317,41 @@ impl Worker {
                 m.push_inc("delivery_error");
                 log_failed(&t.platform, status, &reason, &host);
                 if retryable {
-                    self.retry(c, backoff_ms(c.attempts, retry_after_ms)).await;
+                    self.retry(run, c, backoff_ms(c.attempts, retry_after_ms))
+                        .await;
                 } else {
-                    self.finish_delete(c).await;
+                    self.finish_delete(run, c).await;
                 }
             }
         }
     }
 
-    async fn fail_in_send_path(&self, c: &Claimed, _what: &str) {
-        logging::event_warn(
-            "orca_push_worker_failed",
-            json!({"error": "send_path", "target": "deliver"}),
-        );
-        self.retry(c, EXCEPTION_DELAY_MS).await;
+    async fn fail_in_send_path(&self, run: &Run, c: &Claimed) {
+        run.fail("send_path", "deliver");
+        self.retry(run, c, EXCEPTION_DELAY_MS).await;
     }
 
     /// Retry at `now + max(1000, delay)`, or delete when that is not before the deadline.
-    async fn retry(&self, c: &Claimed, delay: i64) {
+    async fn retry(&self, run: &Run, c: &Claimed, delay: i64) {
         let retry_at = now_ms() + delay.max(1000);
         if retry_at >= c.expires_at {
-            if self.finish_delete(c).await {
+            if self.finish_delete(run, c).await {
                 self.ctx.metrics.push_inc("delivery_expired");
             }
             return;
         }
         let _slot = self.db_slots.acquire().await;
         if let Err(e) = store::finish_retry(&self.ctx.db, c, retry_at).await {
-            logging::event_warn(
-                "orca_push_worker_failed",
-                json!({"error": db_class(&e), "target": "finish"}),
-            );
+            run.fail(db_class(&e), "finish");
         }
     }
 
-    async fn finish_delete(&self, c: &Claimed) -> bool {
+    async fn finish_delete(&self, run: &Run, c: &Claimed) -> bool {
         let _slot = self.db_slots.acquire().await;
         match store::finish_delete(&self.ctx.db, c).await {
             Ok(done) => done,
             Err(e) => {
-                logging::event_warn(
-                    "orca_push_worker_failed",
-                    json!({"error": db_class(&e), "target": "finish"}),
-                );
+                run.fail(db_class(&e), "finish");
                 false
             }
         }

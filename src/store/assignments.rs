@@ -200,22 +200,15 @@ pub async fn lock_open_migration(
 ) -> Result<Option<OpenMigration>, DbError> {
     let row = tx
         .query_opt(
-            "SELECT assignment_epoch, kind, source_cell_id, target_cell_id, previous_epoch, \
-             target_registered_at, created_at FROM relay_assignment_migrations \
-             WHERE user_id = $1 AND relay_host_id = $2 AND completed_at IS NULL AND aborted_at IS NULL \
-             ORDER BY assignment_epoch DESC FOR UPDATE",
+            &format!(
+                "SELECT {MIGRATION_COLUMNS} FROM relay_assignment_migrations \
+                 WHERE user_id = $1 AND relay_host_id = $2 AND completed_at IS NULL AND aborted_at IS NULL \
+                 ORDER BY assignment_epoch DESC FOR UPDATE"
+            ),
             params![&host.user_id, &host.relay_host_id],
         )
         .await?;
-    Ok(row.map(|r| OpenMigration {
-        assignment_epoch: r.i64(0),
-        kind: r.str(1),
-        source_cell_id: r.str(2),
-        target_cell_id: r.str(3),
-        previous_epoch: r.i64(4),
-        target_registered_at: r.opt_i64(5),
-        created_at: r.i64(6),
-    }))
+    Ok(row.as_ref().map(migration_from))
 }
 
 /// Locks the host's row (`NOWAIT` when `wait_ms` is `None`), then its leases, open migration and
@@ -237,6 +230,173 @@ pub async fn lock_host(
         leases,
         open_migration,
     }))
+}
+
+/// Open-migration columns of [`lock_open_migration`], in order.
+const MIGRATION_COLUMNS: &str = "assignment_epoch, kind, source_cell_id, target_cell_id, \
+     previous_epoch, target_registered_at, created_at";
+
+fn migration_from(r: &super::Row) -> OpenMigration {
+    OpenMigration {
+        assignment_epoch: r.i64(0),
+        kind: r.str(1),
+        source_cell_id: r.str(2),
+        target_cell_id: r.str(3),
+        previous_epoch: r.i64(4),
+        target_registered_at: r.opt_i64(5),
+        created_at: r.i64(6),
+    }
+}
+
+/// What the sticky grant reads under its locks: the host's rows and a plain read of its home.
+pub type StickyRead = (HostView, Option<super::cells::CellView>);
+
+const ROW_WIDTH: usize = 11;
+const LEASE_TYPES: [&str; 9] = [
+    "TEXT", "TEXT", "TEXT", "BIGINT", "BIGINT", "BIGINT", "TEXT", "BOOLEAN", "BIGINT",
+];
+const MIGRATION_TYPES: [&str; 7] = [
+    "BIGINT", "TEXT", "TEXT", "TEXT", "BIGINT", "BIGINT", "BIGINT",
+];
+
+/// The one statement of [`lock_sticky`]. Its CTEs lock, in the order of director.md §2, the
+/// assignment row (`NOWAIT`), then the leases and open migrations (tier 2) and the live
+/// reservations (tier 3), each only once the row is held (`EXISTS` on the row's CTE is a one-time
+/// filter evaluated first); the home cell row is read plainly (no tier-4 lock before branching).
+/// The rows come back as one `UNION ALL`, tag in column 0, each part in its own column range:
+/// row + home (tag 0), leases (1), migrations (2), the reservation count (3). A `UNION` resolves
+/// column types pair by pair, so NULLs standing for a later part carry their type.
+fn sticky_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        use super::cells::{joined_columns, JOINED_FROM, JOINED_WIDTH};
+        let nulls = |n: usize| vec!["NULL"; n].join(", ");
+        let typed = |types: &[&str]| {
+            types
+                .iter()
+                .map(|t| format!("CAST(NULL AS {t})"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let pre = |cols: &str, p: &str| {
+            cols.split(", ")
+                .map(|c| format!("{p}.{}", c.trim()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let host = "user_id = $1 AND relay_host_id = $2";
+        let held = "EXISTS (SELECT 1 FROM sticky_row)";
+        format!(
+            "WITH sticky_row AS (SELECT {ROW_COLUMNS} FROM relay_assignments WHERE {host} FOR UPDATE NOWAIT), \
+             sticky_leases AS (SELECT {LEASE_COLUMNS} FROM relay_assignment_activity_leases \
+               WHERE {host} AND {held} ORDER BY activity_id FOR UPDATE), \
+             sticky_migrations AS (SELECT {MIGRATION_COLUMNS} FROM relay_assignment_migrations \
+               WHERE {host} AND completed_at IS NULL AND aborted_at IS NULL AND {held} \
+               ORDER BY assignment_epoch DESC FOR UPDATE), \
+             sticky_reservations AS (SELECT reservation_id FROM relay_connection_reservations \
+               WHERE {host} AND state <> 'released' AND {held} FOR UPDATE) \
+             SELECT 0, {row}, {cell}, {tl}, {tm}, CAST(NULL AS BIGINT) FROM sticky_row \
+               LEFT JOIN relay_cells c ON c.cell_id = sticky_row.cell_id {JOINED_FROM} \
+             UNION ALL SELECT 1, {nr}, {nc}, {lease}, {tm}, CAST(NULL AS BIGINT) FROM sticky_leases \
+             UNION ALL SELECT 2, {nr}, {nc}, {tl}, {mig}, CAST(NULL AS BIGINT) FROM sticky_migrations \
+             UNION ALL SELECT 3, {nr}, {nc}, {tl}, {tm}, COUNT(*) FROM sticky_reservations",
+            row = pre(ROW_COLUMNS, "sticky_row"),
+            cell = joined_columns(),
+            lease = pre(LEASE_COLUMNS, "sticky_leases"),
+            mig = pre(MIGRATION_COLUMNS, "sticky_migrations"),
+            nr = nulls(ROW_WIDTH),
+            nc = nulls(JOINED_WIDTH),
+            tl = typed(&LEASE_TYPES),
+            tm = typed(&MIGRATION_TYPES),
+        )
+    })
+}
+
+/// The sticky grant's read (director.md §5.2 A.2–A.3 and the home of A.4) in one statement and
+/// one round trip: locks the host's row `NOWAIT` (busy → `DbError::LockUnavailable`), then its
+/// leases, open migrations and reservations, and reads the home with runtime, fence and
+/// outstanding reservations. `None` when the host has no row.
+pub async fn lock_sticky(tx: &mut Tx, host: &HostKey) -> Result<Option<StickyRead>, DbError> {
+    let rows = tx
+        .query(sticky_sql(), params![&host.user_id, &host.relay_host_id])
+        .await?;
+    let (cell_at, lease_at) = (1 + ROW_WIDTH, 1 + ROW_WIDTH + super::cells::JOINED_WIDTH);
+    let mig_at = lease_at + LEASE_TYPES.len();
+    let part = |r: &super::Row, from: usize, n: usize| super::Row(r.0[from..from + n].to_vec());
+    let mut read: Option<(AssignmentRow, Option<super::cells::CellView>)> = None;
+    let (mut leases, mut migrations) = (Vec::new(), Vec::new());
+    for r in &rows {
+        match r.i64(0) {
+            0 => {
+                let home = (!r.is_null(cell_at)).then(|| {
+                    super::cells::joined_from_row(&part(r, cell_at, super::cells::JOINED_WIDTH))
+                });
+                read = Some((row_from(&part(r, 1, ROW_WIDTH)), home));
+            }
+            1 => leases.push(lease_from(&part(r, lease_at, LEASE_TYPES.len()))),
+            2 => migrations.push(migration_from(&part(r, mig_at, MIGRATION_TYPES.len()))),
+            _ => {}
+        }
+    }
+    let Some((row, home)) = read else {
+        return Ok(None);
+    };
+    // `UNION ALL` keeps no order across parts: restore each part's own.
+    leases.sort_by(|a, b| a.activity_id.cmp(&b.activity_id));
+    migrations.sort_by_key(|m| std::cmp::Reverse(m.assignment_epoch));
+    Ok(Some((
+        HostView {
+            row,
+            leases,
+            open_migration: migrations.into_iter().next(),
+        },
+        home,
+    )))
+}
+
+/// The sticky grant's only write (A.5), run as the transaction's last statement and pipelined with
+/// `COMMIT`: counters from the locked leases, `lease_expires_at` = max(itself, now + 90 000, the
+/// leases' latest expiry), `last_activity_at` = now, and the request's `preferredRegion` if given.
+/// Returns the row's `lease_expires_at`. Correct only while the caller holds the locks of
+/// [`lock_sticky`] (or [`lock_host`]) and wrote no lease since.
+pub async fn stamp_grant(
+    tx: &mut Tx,
+    hv: &HostView,
+    host: &HostKey,
+    preferred_region: Option<&str>,
+    now: i64,
+) -> Result<i64, DbError> {
+    let c = LeaseCounts::of_leases(&hv.leases);
+    let lease_until = hv
+        .leases
+        .iter()
+        .map(|l| l.expires_at)
+        .fold(now + LEASE_TTL_MS, i64::max);
+    let rows = tx
+        .finish_with(
+            "UPDATE relay_assignments SET reserved_controls = $3, reserved_splices = $4, reserved_invites = $5, \
+             pending_installs = $6, pending_confirmations = $7, migration_leases = $8, \
+             lease_expires_at = CASE WHEN lease_expires_at >= $9 THEN lease_expires_at ELSE $9 END, \
+             last_activity_at = $10, updated_at = $10, \
+             preferred_region = CASE WHEN CAST($11 AS TEXT) IS NULL THEN preferred_region ELSE CAST($11 AS TEXT) END, \
+             preferred_region_observed_at = CASE WHEN CAST($11 AS TEXT) IS NULL THEN preferred_region_observed_at ELSE $10 END \
+             WHERE user_id = $1 AND relay_host_id = $2 RETURNING lease_expires_at",
+            params![
+                &host.user_id,
+                &host.relay_host_id,
+                c.controls,
+                c.splices,
+                c.invites,
+                c.installs,
+                c.confirmations,
+                c.migrations,
+                lease_until,
+                now,
+                preferred_region
+            ],
+        )
+        .await?;
+    Ok(rows.first().map_or(lease_until, |r| r.i64(0)))
 }
 
 /// The row's `lease_expires_at`, read inside the transaction that holds it.

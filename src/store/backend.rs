@@ -38,6 +38,9 @@ pub trait Backend {
     async fn scope_lock(&mut self, scope: &str) -> Result<(), DbError>;
     /// Takes the advisory lock named `scope` if free.
     async fn try_scope_lock(&mut self, scope: &str) -> Result<bool, DbError>;
+    /// Runs the transaction's last statement and commits, in one round trip where the backend
+    /// can pipeline; the later `commit` is then a no-op and any further statement an error.
+    async fn finish_with(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError>;
     async fn commit(self) -> Result<(), DbError>;
     async fn rollback(self);
 }
@@ -165,6 +168,14 @@ impl Db {
         self.waits().snapshot()
     }
 
+    /// Statements and round trips sent so far (see [`super::wire`]).
+    pub fn wire_stats(&self) -> super::wire::WireSnapshot {
+        match &*self.inner {
+            Inner::Sqlite(db) => db.wire.snapshot(),
+            Inner::Postgres(db) => db.wire.snapshot(),
+        }
+    }
+
     pub fn waits(&self) -> &WaitTracker {
         match &*self.inner {
             Inner::Sqlite(db) => &db.waits,
@@ -238,6 +249,11 @@ impl Tx {
 
     pub async fn try_scope_lock(&mut self, scope: &str) -> Result<bool, DbError> {
         dispatch!(self, t => t.try_scope_lock(scope).await)
+    }
+
+    /// See [`Backend::finish_with`].
+    pub async fn finish_with(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+        dispatch!(self, t => t.finish_with(sql, params).await)
     }
 
     pub async fn commit(self) -> Result<(), DbError> {

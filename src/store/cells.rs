@@ -603,13 +603,10 @@ pub async fn lock_cells(tx: &mut Tx, ids: &[String]) -> Result<(), DbError> {
     Ok(())
 }
 
-/// The plain-read form of [`views`]: one statement joining runtime, fence and the outstanding
-/// reservation count (the hot sticky path reads a home this way several times per request).
-async fn joined_views(
-    mut r: Reader<'_>,
-    filter: &str,
-    p: &[Value],
-) -> Result<Vec<CellView>, DbError> {
+/// The select list of a cell read with its runtime, fence and outstanding reservation count:
+/// [`JOINED_WIDTH`] columns over [`JOINED_FROM`] (cell `c`, runtime `r`, fence `f`), parsed by
+/// [`joined_from_row`]. The sticky grant's one locking read embeds it.
+pub(crate) fn joined_columns() -> String {
     let cols: String = CELL_COLUMNS
         .split(", ")
         .map(|c| format!("c.{}", c.trim()))
@@ -620,38 +617,56 @@ async fn joined_views(
         .map(|c| format!("r.{}", c.trim()))
         .collect::<Vec<_>>()
         .join(", ");
+    format!(
+        "{cols}, {rt}, f.cell_incarnation, f.attested_at, f.expires_at, \
+         (SELECT COUNT(*) FROM relay_connection_reservations x WHERE x.cell_id = c.cell_id AND x.state IN ('reserved', 'claimed'))"
+    )
+}
+
+/// The joins [`joined_columns`] reads from, after `relay_cells c`.
+pub(crate) const JOINED_FROM: &str = "LEFT JOIN relay_cell_runtime r ON r.cell_id = c.cell_id \
+     LEFT JOIN relay_cell_fences f ON f.cell_id = c.cell_id";
+
+/// Columns of [`joined_columns`].
+pub(crate) const JOINED_WIDTH: usize = N + M + 4;
+const N: usize = 9;
+const M: usize = 15;
+
+/// A [`CellView`] from the [`joined_columns`] of `row`.
+pub(crate) fn joined_from_row(row: &Row) -> CellView {
+    let mut c = cell_from_row(row);
+    if !row.is_null(N) {
+        c.runtime = Some(runtime_from_row(&Row(row.0[N..N + M].to_vec())));
+    }
+    if !row.is_null(N + M) {
+        c.fence = Some(Fence {
+            cell_incarnation: row.str(N + M),
+            attested_at: row.i64(N + M + 1),
+            expires_at: row.i64(N + M + 2),
+        });
+    }
+    c.outstanding = row.i64(N + M + 3);
+    c
+}
+
+/// The plain-read form of [`views`]: one statement joining runtime, fence and the outstanding
+/// reservation count (the hot sticky path reads a home this way several times per request).
+async fn joined_views(
+    mut r: Reader<'_>,
+    filter: &str,
+    p: &[Value],
+) -> Result<Vec<CellView>, DbError> {
     let filter = filter
         .replace("cell_id", "c.cell_id")
         .replace("admission_state", "c.admission_state");
     let rows = r
         .query(
             &format!(
-                "SELECT {cols}, {rt}, f.cell_incarnation, f.attested_at, f.expires_at, \
-                 (SELECT COUNT(*) FROM relay_connection_reservations x WHERE x.cell_id = c.cell_id AND x.state IN ('reserved', 'claimed')) \
-                 FROM relay_cells c LEFT JOIN relay_cell_runtime r ON r.cell_id = c.cell_id \
-                 LEFT JOIN relay_cell_fences f ON f.cell_id = c.cell_id{filter} ORDER BY c.cell_id"
+                "SELECT {} FROM relay_cells c {JOINED_FROM}{filter} ORDER BY c.cell_id",
+                joined_columns()
             ),
             p,
         )
         .await?;
-    const N: usize = 9;
-    const M: usize = 15;
-    Ok(rows
-        .iter()
-        .map(|row| {
-            let mut c = cell_from_row(row);
-            if !row.is_null(N) {
-                c.runtime = Some(runtime_from_row(&Row(row.0[N..N + M].to_vec())));
-            }
-            if !row.is_null(N + M) {
-                c.fence = Some(Fence {
-                    cell_incarnation: row.str(N + M),
-                    attested_at: row.i64(N + M + 1),
-                    expires_at: row.i64(N + M + 2),
-                });
-            }
-            c.outstanding = row.i64(N + M + 3);
-            c
-        })
-        .collect())
+    Ok(rows.iter().map(joined_from_row).collect())
 }

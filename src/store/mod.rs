@@ -25,6 +25,7 @@ mod sqlite;
 pub mod testing;
 mod value;
 mod waits;
+pub mod wire;
 
 pub use backend::{Backend, Db, DbKind, Tx};
 pub use value::{Row, Value};

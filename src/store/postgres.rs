@@ -4,14 +4,21 @@
 //! `lock_timeout` 1 s, `idle_in_transaction_session_timeout` 5 s). A transaction owns its pooled
 //! connection; dropping it unfinished sends `ROLLBACK` before the connection returns to the pool.
 //!
+//! Round trips are what a hot path pays for on a networked database, so a transaction's `BEGIN`
+//! is not sent on its own: it goes out pipelined with the first statement (one flight), and
+//! [`Backend::finish_with`] pipelines a last statement with `COMMIT`. A transaction that never ran
+//! a statement costs nothing. Every statement is prepared once per connection and cached.
+//!
 //! Server-side timeouts cannot fire when no packet reaches the server (a black-holed network), so
-//! every call also has a client-side deadline, [`CALL_DEADLINE`]: a plain read or write covers the
-//! pool wait and its statement with it, `begin` the pool wait and `BEGIN`, and every statement of an
-//! open transaction (and its `COMMIT`/`ROLLBACK`) gets its own. A connection whose statement ran out
-//! of time, or whose caller was cancelled mid-statement, still has a request in flight: it is
+//! every call also has a client-side deadline, [`CALL_DEADLINE`]: a plain read covers the pool
+//! wait and its statement with it, `begin` the pool wait, and every statement of an open
+//! transaction (and its `COMMIT`/`ROLLBACK`) gets its own. A connection whose statement ran out of
+//! time, or whose caller was cancelled mid-statement, still has a request in flight: it is
 //! detached from the pool and closed ([`Object::take`]), never handed to the next caller.
 
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
@@ -20,17 +27,57 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::NoTls;
 
 use super::backend::{scope_key, Backend};
+use super::wire::WireStats;
 use super::{DbError, Row, Value, WaitTracker};
 
 pub struct PgDb {
     pool: Pool,
     pub(super) waits: WaitTracker,
+    pub(super) wire: Arc<WireStats>,
 }
 
 /// The client-side deadline of one store call: the server's `statement_timeout` (5 s) plus 1 s for
 /// the network, so a statement the server times out reports the server's error first, while a
 /// statement whose packets go nowhere fails as transient after 6 s instead of hanging.
 pub const CALL_DEADLINE: Duration = Duration::from_secs(6);
+
+fn deadline_exceeded() -> DbError {
+    DbError::Transient("postgres call deadline exceeded".into())
+}
+
+/// `fut` by [`CALL_DEADLINE`], a timeout being a transient failure.
+async fn within<T>(
+    fut: impl std::future::Future<Output = Result<T, DbError>>,
+) -> Result<T, DbError> {
+    tokio::time::timeout(CALL_DEADLINE, fut)
+        .await
+        .unwrap_or_else(|_| Err(deadline_exceeded()))
+}
+
+/// Detaches a connection from the pool and closes it (its slot is free for a new one).
+fn discard(obj: Object) {
+    drop(Object::take(obj));
+}
+
+/// Holds a connection while a statement may be in flight: dropped armed (timeout, or the caller's
+/// future dropped mid-statement) it discards the connection instead of returning it.
+struct InFlight(Option<Object>);
+
+impl InFlight {
+    fn disarm(mut self) -> Option<Object> {
+        self.0.take()
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(obj) = self.0.take() {
+            discard(obj);
+        }
+    }
+}
+
+const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
 const SESSION_OPTIONS: &str =
     "-c statement_timeout=5000 -c lock_timeout=1000 -c idle_in_transaction_session_timeout=5000";
@@ -76,33 +123,48 @@ impl PgDb {
         Ok(PgDb {
             pool,
             waits: WaitTracker::default(),
+            wire: Arc::default(),
         })
     }
 
-    async fn get(&self) -> Result<Conn, DbError> {
+    async fn get(&self) -> Result<Object, DbError> {
         let _wait = self.waits.enter();
         self.pool
             .get()
             .await
-            .map(Conn::new)
             .map_err(|e| DbError::Transient(format!("pool: {e}")))
     }
 
+    /// Takes a connection; `BEGIN` is sent with the transaction's first statement.
     pub async fn begin(&self) -> Result<PgTx, DbError> {
-        let started = tokio::time::Instant::now();
-        let mut conn = within(CALL_DEADLINE, self.get()).await?;
-        conn.batch_execute_by(
-            started + CALL_DEADLINE,
-            "BEGIN ISOLATION LEVEL READ COMMITTED",
-        )
-        .await?;
-        Ok(PgTx { conn: Some(conn) })
+        let obj = within(self.get()).await?;
+        Ok(PgTx {
+            obj: Some(obj),
+            in_flight: AtomicBool::new(false),
+            begun: false,
+            finished: false,
+            wire: self.wire.clone(),
+        })
     }
 
     pub async fn read(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
         let started = tokio::time::Instant::now();
-        let mut conn = within(CALL_DEADLINE, self.get()).await?;
-        conn.query_by(started + CALL_DEADLINE, sql, params).await
+        let guard = InFlight(Some(within(self.get()).await?));
+        let r = tokio::time::timeout_at(started + CALL_DEADLINE, async {
+            let obj = guard.0.as_ref().expect("held");
+            let stmt = prepare(obj, sql, &self.wire).await?;
+            self.wire.flight(1);
+            run_prepared(obj, &stmt, params).await
+        })
+        .await;
+        match r {
+            Ok(rows) => {
+                drop(guard.disarm());
+                rows_of(rows?)
+            }
+            // The guard drops armed: the connection is discarded.
+            Err(_) => Err(deadline_exceeded()),
+        }
     }
 
     pub fn pool_status(&self) -> (u64, u64) {
@@ -115,156 +177,94 @@ impl PgDb {
     }
 }
 
-/// Runs the statement future `$fut` (which may use `$obj: &Object`) on `$conn` by `$deadline`,
-/// marked in flight while it runs: if the caller's future is dropped meanwhile, `Conn`'s `Drop`
-/// sees the mark and discards the connection. Evaluates to `None` when the connection is gone.
-macro_rules! guarded {
-    ($conn:ident, $deadline:expr, |$obj:ident| $fut:expr) => {
-        match $conn.obj.as_ref() {
-            Some($obj) => {
-                $conn.in_flight = true;
-                Some(tokio::time::timeout_at($deadline, $fut).await)
-            }
-            None => None,
-        }
-    };
-}
-
-/// A pooled connection with the one rule that keeps a pool healthy through a black hole: a
-/// connection that may still have a statement in flight (timed out, or its caller's future was
-/// dropped mid-statement) is detached from the pool and closed instead of being returned.
-pub(super) struct Conn {
-    obj: Option<Object>,
-    in_flight: bool,
-}
-
-impl Conn {
-    fn new(obj: Object) -> Conn {
-        Conn {
-            obj: Some(obj),
-            in_flight: false,
-        }
-    }
-
-    /// What a guarded statement came to: clears the in-flight mark and discards the connection
-    /// when the deadline passed (`None`: it was already discarded).
-    fn settle<T>(
-        &mut self,
-        r: Option<Result<Result<T, DbError>, tokio::time::error::Elapsed>>,
-    ) -> Result<T, DbError> {
-        self.in_flight = false;
-        match r {
-            Some(Ok(r)) => r,
-            Some(Err(_)) => {
-                self.discard();
-                Err(DbError::Transient("postgres call deadline exceeded".into()))
-            }
-            None => Err(DbError::Transient("postgres connection discarded".into())),
-        }
-    }
-
-    async fn query_by(
-        &mut self,
-        deadline: tokio::time::Instant,
-        sql: &str,
-        params: &[Value],
-    ) -> Result<Vec<Row>, DbError> {
-        let r = guarded!(self, deadline, |obj| run_query(obj, sql, params));
-        self.settle(r)
-    }
-
-    async fn execute_by(
-        &mut self,
-        deadline: tokio::time::Instant,
-        sql: &str,
-        params: &[Value],
-    ) -> Result<u64, DbError> {
-        let r = guarded!(self, deadline, |obj| async {
-            let stmt = obj.prepare_cached(sql).await.map_err(map_err)?;
-            let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
-            obj.execute(&stmt, &refs).await.map_err(map_err)
-        });
-        self.settle(r)
-    }
-
-    async fn batch_execute_by(
-        &mut self,
-        deadline: tokio::time::Instant,
-        sql: &str,
-    ) -> Result<(), DbError> {
-        let r = guarded!(self, deadline, |obj| async {
-            obj.batch_execute(sql).await.map_err(map_err)
-        });
-        self.settle(r)
-    }
-
-    /// Detaches the connection from the pool and closes it (its slot is free for a new one).
-    fn discard(&mut self) {
-        if let Some(obj) = self.obj.take() {
-            drop(Object::take(obj));
-        }
-    }
-
-    /// `ROLLBACK` with a deadline; a connection that cannot answer is discarded.
-    async fn rollback(mut self) {
-        let _ = self
-            .batch_execute_by(tokio::time::Instant::now() + CALL_DEADLINE, "ROLLBACK")
-            .await;
-    }
-}
-
-impl Drop for Conn {
-    fn drop(&mut self) {
-        if self.in_flight {
-            self.discard();
-        }
-    }
-}
-
-fn deadline() -> tokio::time::Instant {
-    tokio::time::Instant::now() + CALL_DEADLINE
-}
-
-/// `fut` by `limit`, a timeout being a transient failure.
-async fn within<T>(
-    limit: Duration,
-    fut: impl std::future::Future<Output = Result<T, DbError>>,
-) -> Result<T, DbError> {
-    tokio::time::timeout(limit, fut)
-        .await
-        .unwrap_or_else(|_| Err(DbError::Transient("postgres call deadline exceeded".into())))
-}
-
 /// An open transaction owning its connection.
 pub struct PgTx {
-    conn: Option<Conn>,
+    obj: Option<Object>,
+    /// `BEGIN` has been sent (with the first statement).
+    begun: bool,
+    /// [`Backend::finish_with`] committed it.
+    finished: bool,
+    /// A statement is running: dropped now, the connection must be discarded.
+    in_flight: AtomicBool,
+    wire: Arc<WireStats>,
 }
 
 impl PgTx {
-    fn conn(&mut self) -> Result<&mut Conn, DbError> {
-        self.conn
-            .as_mut()
+    fn conn(&self) -> Result<&Object, DbError> {
+        self.obj
+            .as_ref()
             .ok_or_else(|| DbError::Fatal("transaction already finished".into()))
     }
+
+    /// Runs one prepared statement, pipelined with `BEGIN` when it is the first.
+    async fn run(
+        &mut self,
+        sql: &str,
+        params: &[Value],
+    ) -> Result<Vec<tokio_postgres::Row>, DbError> {
+        let conn = self.conn()?;
+        let stmt = prepare(conn, sql, &self.wire).await?;
+        if self.begun {
+            self.wire.flight(1);
+            return run_prepared(conn, &stmt, params).await;
+        }
+        self.wire.flight(2);
+        let (b, r) = tokio::join!(conn.batch_execute(BEGIN), run_prepared(conn, &stmt, params));
+        self.begun = true;
+        b.map_err(map_err)?;
+        r
+    }
+
+    /// Sends `sql` (a simple statement without parameters), pipelined with `BEGIN` when first.
+    async fn simple(&mut self, sql: &str) -> Result<(), DbError> {
+        let conn = self.conn()?;
+        if self.begun {
+            self.wire.flight(1);
+            return conn.batch_execute(sql).await.map_err(map_err);
+        }
+        self.wire.flight(2);
+        let (b, r) = tokio::join!(conn.batch_execute(BEGIN), conn.batch_execute(sql));
+        self.begun = true;
+        b.map_err(map_err)?;
+        r.map_err(map_err)
+    }
+}
+
+/// Runs `$fut` (a statement of `$tx`) by [`CALL_DEADLINE`], marked in flight meanwhile; on timeout
+/// the connection is discarded.
+macro_rules! bounded {
+    ($tx:ident, $fut:expr) => {{
+        $tx.in_flight.store(true, Ordering::Relaxed);
+        let r = tokio::time::timeout(CALL_DEADLINE, $fut).await;
+        $tx.in_flight.store(false, Ordering::Relaxed);
+        match r {
+            Ok(r) => r,
+            Err(_) => {
+                if let Some(obj) = $tx.obj.take() {
+                    discard(obj);
+                }
+                Err(deadline_exceeded())
+            }
+        }
+    }};
 }
 
 impl Backend for PgTx {
     async fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
-        self.conn()?.query_by(deadline(), sql, params).await
+        bounded!(self, self.raw_query(sql, params))
     }
 
     async fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
-        self.conn()?.execute_by(deadline(), sql, params).await
+        bounded!(self, self.raw_execute(sql, params))
     }
 
     async fn execute_batch(&mut self, sql: &str) -> Result<(), DbError> {
-        self.conn()?.batch_execute_by(deadline(), sql).await
+        bounded!(self, self.simple(sql))
     }
 
     async fn set_lock_timeout(&mut self, ms: u64) -> Result<(), DbError> {
-        self.conn()?
-            .batch_execute_by(deadline(), &format!("SET LOCAL lock_timeout = {ms}"))
-            .await
+        let sql = format!("SET LOCAL lock_timeout = {ms}");
+        bounded!(self, self.simple(&sql))
     }
 
     async fn scope_lock(&mut self, scope: &str) -> Result<(), DbError> {
@@ -286,45 +286,176 @@ impl Backend for PgTx {
         Ok(rows.first().map(|r| r.bool(0)).unwrap_or(false))
     }
 
+    async fn finish_with(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+        bounded!(self, self.raw_finish_with(sql, params))
+    }
+
     async fn commit(mut self) -> Result<(), DbError> {
-        let mut conn = self.conn.take().expect("transaction already finished");
-        match conn.batch_execute_by(deadline(), "COMMIT").await {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                // A timed-out COMMIT has an unknown outcome: the connection is gone and the
-                // caller sees a transient failure.
-                conn.rollback().await;
-                Err(e)
+        let Some(obj) = self.obj.take() else {
+            return if self.finished {
+                Ok(())
+            } else {
+                Err(DbError::Fatal("transaction already finished".into()))
+            };
+        };
+        if !self.begun {
+            return Ok(());
+        }
+        self.wire.flight(1);
+        let guard = InFlight(Some(obj));
+        let r = tokio::time::timeout(CALL_DEADLINE, async {
+            let obj = guard.0.as_ref().expect("held");
+            match obj.batch_execute("COMMIT").await {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    let _ = obj.batch_execute("ROLLBACK").await;
+                    Err(map_err(e))
+                }
             }
+        })
+        .await;
+        match r {
+            Ok(r) => {
+                drop(guard.disarm());
+                r
+            }
+            // An unknown outcome: the connection is discarded (guard), the caller sees transient.
+            Err(_) => Err(deadline_exceeded()),
         }
     }
 
     async fn rollback(mut self) {
-        if let Some(conn) = self.conn.take() {
-            conn.rollback().await;
+        if let Some(obj) = self.obj.take() {
+            if self.begun {
+                self.wire.flight(1);
+                rollback_bounded(obj).await;
+            }
         }
+    }
+}
+
+/// `ROLLBACK` by [`CALL_DEADLINE`]; a connection that cannot answer is discarded.
+async fn rollback_bounded(obj: Object) {
+    let guard = InFlight(Some(obj));
+    let done = tokio::time::timeout(CALL_DEADLINE, async {
+        let _ = guard
+            .0
+            .as_ref()
+            .expect("held")
+            .batch_execute("ROLLBACK")
+            .await;
+    })
+    .await
+    .is_ok();
+    if done {
+        drop(guard.disarm());
+    }
+}
+
+impl PgTx {
+    async fn raw_query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+        rows_of(self.run(sql, params).await?)
+    }
+
+    async fn raw_execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
+        let conn = self.conn()?;
+        let stmt = prepare(conn, sql, &self.wire).await?;
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
+        if self.begun {
+            self.wire.flight(1);
+            return conn.execute(&stmt, &refs).await.map_err(map_err);
+        }
+        self.wire.flight(2);
+        let (b, r) = tokio::join!(conn.batch_execute(BEGIN), conn.execute(&stmt, &refs));
+        self.begun = true;
+        b.map_err(map_err)?;
+        r.map_err(map_err)
+    }
+
+    async fn raw_finish_with(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+        let obj = self
+            .obj
+            .take()
+            .ok_or_else(|| DbError::Fatal("transaction already finished".into()))?;
+        let stmt = match prepare(&obj, sql, &self.wire).await {
+            Ok(s) => s,
+            Err(e) => {
+                self.obj = Some(obj);
+                return Err(e);
+            }
+        };
+        // After a failed statement the server turns COMMIT into ROLLBACK: either way the
+        // connection is clean when both answers are in.
+        let (b, r, c) = if self.begun {
+            self.wire.flight(2);
+            let (r, c) = tokio::join!(
+                run_prepared(&obj, &stmt, params),
+                obj.batch_execute("COMMIT")
+            );
+            (Ok(()), r, c)
+        } else {
+            self.wire.flight(3);
+            tokio::join!(
+                obj.batch_execute(BEGIN),
+                run_prepared(&obj, &stmt, params),
+                obj.batch_execute("COMMIT")
+            )
+        };
+        self.begun = true;
+        self.finished = true;
+        b.map_err(map_err)?;
+        let rows = r?;
+        if let Err(e) = c {
+            let _ = obj.batch_execute("ROLLBACK").await;
+            return Err(map_err(e));
+        }
+        rows_of(rows)
     }
 }
 
 impl Drop for PgTx {
     fn drop(&mut self) {
-        if let Some(mut conn) = self.conn.take() {
-            if conn.in_flight {
+        if let Some(obj) = self.obj.take() {
+            if self.in_flight.load(Ordering::Relaxed) {
                 // Cancelled mid-statement: never reuse it.
-                conn.discard();
+                discard(obj);
+                return;
+            }
+            if !self.begun {
                 return;
             }
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                handle.spawn(conn.rollback());
+                handle.spawn(rollback_bounded(obj));
             }
         }
     }
 }
 
-async fn run_query(obj: &Object, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+/// The cached prepared statement for `sql`; preparing it (first use on this connection) is a
+/// round trip of its own.
+async fn prepare(
+    obj: &Object,
+    sql: &str,
+    wire: &WireStats,
+) -> Result<tokio_postgres::Statement, DbError> {
+    let before = obj.statement_cache.size();
     let stmt = obj.prepare_cached(sql).await.map_err(map_err)?;
+    if obj.statement_cache.size() > before {
+        wire.prepare();
+    }
+    Ok(stmt)
+}
+
+async fn run_prepared(
+    obj: &Object,
+    stmt: &tokio_postgres::Statement,
+    params: &[Value],
+) -> Result<Vec<tokio_postgres::Row>, DbError> {
     let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
-    let rows = obj.query(&stmt, &refs).await.map_err(map_err)?;
+    obj.query(stmt, &refs).await.map_err(map_err)
+}
+
+fn rows_of(rows: Vec<tokio_postgres::Row>) -> Result<Vec<Row>, DbError> {
     let mut out = Vec::with_capacity(rows.len());
     for r in rows {
         let mut vals = Vec::with_capacity(r.len());

@@ -662,38 +662,21 @@ pub const PRUNE_DELIVERIES: &[PruneTarget] = &[
     },
 ];
 
-/// Recipients and fences have composite keys: deleted by their retention index directly.
+/// Recipients and fences have composite keys: deleted by their retention index directly, one
+/// batch per table, addressed by the backend's physical row id.
 pub async fn prune_composite(db: &Db, before: i64, batch: i64) -> Result<u64, DbError> {
+    let rid = match db.kind() {
+        super::DbKind::Postgres => "ctid",
+        super::DbKind::Sqlite => "rowid",
+    };
     let mut total = 0;
-    match db.kind() {
-        super::DbKind::Postgres => {
-            total += db
-                .execute(
-                    &format!("DELETE FROM push_event_recipients WHERE ctid IN (SELECT ctid FROM push_event_recipients WHERE created_at < $1 LIMIT {batch})"),
-                    params![before],
-                )
-                .await?;
-            total += db
-                .execute(
-                    &format!("DELETE FROM push_dismissed_events WHERE ctid IN (SELECT ctid FROM push_dismissed_events WHERE created_at < $1 LIMIT {batch})"),
-                    params![before],
-                )
-                .await?;
-        }
-        super::DbKind::Sqlite => {
-            total += db
-                .execute(
-                    &format!("DELETE FROM push_event_recipients WHERE rowid IN (SELECT rowid FROM push_event_recipients WHERE created_at < $1 LIMIT {batch})"),
-                    params![before],
-                )
-                .await?;
-            total += db
-                .execute(
-                    &format!("DELETE FROM push_dismissed_events WHERE rowid IN (SELECT rowid FROM push_dismissed_events WHERE created_at < $1 LIMIT {batch})"),
-                    params![before],
-                )
-                .await?;
-        }
+    for table in ["push_event_recipients", "push_dismissed_events"] {
+        total += db
+            .execute(
+                &format!("DELETE FROM {table} WHERE {rid} IN (SELECT {rid} FROM {table} WHERE created_at < $1 LIMIT {batch})"),
+                params![before],
+            )
+            .await?;
     }
     Ok(total)
 }

@@ -23,6 +23,7 @@ use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use super::backend::{scope_key, Backend};
+use super::wire::WireStats;
 use super::{DbError, Row, Value, WaitTracker};
 
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
@@ -77,6 +78,8 @@ pub struct SqliteDb {
     read_slot: Arc<Semaphore>,
     read_queue: Arc<Semaphore>,
     pub(super) waits: WaitTracker,
+    /// Statements sent to the database threads (each job is one round trip to its thread).
+    pub(super) wire: Arc<WireStats>,
 }
 
 fn open_conn(path: Option<&str>, read_only: bool) -> Result<Connection, DbError> {
@@ -137,6 +140,7 @@ impl SqliteDb {
             read_slot: Arc::new(Semaphore::new(1)),
             read_queue: Arc::new(Semaphore::new(READ_QUEUE_MAX)),
             waits: WaitTracker::default(),
+            wire: Arc::default(),
         })
     }
 
@@ -149,6 +153,7 @@ impl SqliteDb {
                 .await
                 .map_err(|_| DbError::Transient("sqlite closed".into()))?
         };
+        self.wire.flight(1);
         self.writer
             .call(|c| c.execute_batch("BEGIN IMMEDIATE").map_err(map_err))
             .await??;
@@ -156,6 +161,7 @@ impl SqliteDb {
             worker: self.writer.clone(),
             _permit: Some(permit),
             open: true,
+            wire: self.wire.clone(),
         })
     }
 
@@ -174,6 +180,7 @@ impl SqliteDb {
                         .await
                         .map_err(|_| DbError::Transient("sqlite closed".into()))?
                 };
+                self.wire.flight(1);
                 run_query(r, sql, params, Some(permit)).await
             }
             None => {
@@ -191,14 +198,46 @@ pub struct SqliteTx {
     worker: Worker,
     _permit: Option<OwnedSemaphorePermit>,
     open: bool,
+    wire: Arc<WireStats>,
+}
+
+impl SqliteTx {
+    fn check_open(&self) -> Result<(), DbError> {
+        if self.open {
+            Ok(())
+        } else {
+            Err(DbError::Fatal("transaction already finished".into()))
+        }
+    }
+
+    async fn finish(&mut self) -> Result<(), DbError> {
+        self.open = false;
+        self.wire.flight(1);
+        let r = self
+            .worker
+            .call(|c| {
+                let r = c.execute_batch("COMMIT").map_err(map_err);
+                if r.is_err() {
+                    let _ = c.execute_batch("ROLLBACK");
+                }
+                r
+            })
+            .await;
+        self._permit = None;
+        r?
+    }
 }
 
 impl Backend for SqliteTx {
     async fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+        self.check_open()?;
+        self.wire.flight(1);
         run_query(&self.worker, sql, params, None).await
     }
 
     async fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
+        self.check_open()?;
+        self.wire.flight(1);
         let sql = rewrite(sql).into_owned();
         let params = params.to_vec();
         self.worker
@@ -213,6 +252,8 @@ impl Backend for SqliteTx {
     }
 
     async fn execute_batch(&mut self, sql: &str) -> Result<(), DbError> {
+        self.check_open()?;
+        self.wire.flight(1);
         let sql = sql.to_owned();
         self.worker
             .call(move |c| c.execute_batch(&sql).map_err(map_err))
@@ -232,23 +273,27 @@ impl Backend for SqliteTx {
         Ok(true)
     }
 
+    /// No network to save here: the statement, then `COMMIT`.
+    async fn finish_with(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+        let rows = self.query(sql, params).await?;
+        self.finish().await?;
+        Ok(rows)
+    }
+
     async fn commit(mut self) -> Result<(), DbError> {
-        self.open = false;
-        let r = self
-            .worker
-            .call(|c| {
-                let r = c.execute_batch("COMMIT").map_err(map_err);
-                if r.is_err() {
-                    let _ = c.execute_batch("ROLLBACK");
-                }
-                r
-            })
-            .await?;
-        r
+        if !self.open {
+            // Already committed by `finish_with`.
+            return Ok(());
+        }
+        self.finish().await
     }
 
     async fn rollback(mut self) {
+        if !self.open {
+            return;
+        }
         self.open = false;
+        self.wire.flight(1);
         let _ = self
             .worker
             .call(|c| {

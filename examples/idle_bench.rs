@@ -1,0 +1,62 @@
+//! Idle memory: starts `orca-relay serve` (a release binary; `--bin`), sets up N idle pairs with the
+//! real protocol and prints the server's RSS per idle WebSocket as JSON. `--base-bin` runs a second
+//! binary (an older build) the same way right after, for a side-by-side figure in one run.
+//!
+//! ```text
+//! cargo build --release --bin orca-relay --example idle_bench
+//! target/release/examples/idle_bench --bin target/release/orca-relay --pairs 9000 \
+//!     [--base-bin /path/to/old/orca-relay] [--env MALLOC_ARENA_MAX=2]
+//! ```
+//! The open-file soft limit is raised to the hard limit (each pair is two sockets on both sides).
+
+#[path = "../tests/support/idle.rs"]
+mod idle;
+
+use serde_json::json;
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut bins = vec![("relay", "target/release/orca-relay".to_string())];
+    let mut pairs = 9_000usize;
+    let mut per_host = 8usize;
+    let mut envs = Vec::new();
+    let mut i = 0;
+    while i + 1 < argv.len() {
+        let v = argv[i + 1].clone();
+        match argv[i].as_str() {
+            "--bin" => bins[0].1 = v,
+            "--base-bin" => bins.push(("base", v)),
+            "--pairs" => pairs = v.parse().expect("--pairs"),
+            "--phones-per-host" => per_host = v.parse().expect("--phones-per-host"),
+            "--env" => {
+                let (k, val) = v.split_once('=').expect("--env K=V");
+                envs.push((k.to_string(), val.to_string()));
+            }
+            other => panic!("unknown flag {other}"),
+        }
+        i += 2;
+    }
+    let nofile = idle::raise_nofile();
+    let mut out = serde_json::Map::new();
+    out.insert("openFileLimit".into(), json!(nofile));
+    for (name, bin) in bins {
+        let server = idle::spawn(&bin, &envs);
+        let (m, conns) = idle::measure(&server, pairs, per_host).await;
+        let r = json!({
+            "bin": bin,
+            "env": envs.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
+            "pairs": m.pairs,
+            "webSockets": m.sockets,
+            "setupSeconds": (m.setup_secs * 10.0).round() / 10.0,
+            "serverRssKiBBefore": m.before_kib,
+            "serverRssKiBAfter": m.after_kib,
+            "kibPerWebSocket": (m.kib_per_socket() * 100.0).round() / 100.0,
+        });
+        eprintln!("{name}: {r}");
+        out.insert(name.into(), r);
+        drop(conns);
+        drop(server);
+    }
+    println!("{}", serde_json::Value::Object(out));
+}
