@@ -150,7 +150,8 @@ impl Jwt<'_> {
 
 fn json_part(part: &str) -> Result<Map<String, Value>, TokenError> {
     let bytes = url_decode_canonical(part).ok_or(TokenError::Malformed)?;
-    match serde_json::from_slice(&bytes) {
+    // The strict parser: a duplicate key (which JSON parsers resolve differently) is malformed.
+    match crate::contract::strict::parse_value(&bytes) {
         Ok(Value::Object(map)) => Ok(map),
         _ => Err(TokenError::Malformed),
     }
@@ -165,6 +166,14 @@ fn parse(token: &str) -> Result<Jwt<'_>, TokenError> {
     let header = json_part(header_b64)?;
     // We implement no JWS extensions, so any critical one must be refused (RFC 7515 §4.1.11).
     if header.contains_key("crit") {
+        return Err(TokenError::Malformed);
+    }
+    // `alg`, `typ` and `kid` are strings when present (RFC 7515 §4.1); a missing `alg` is an
+    // algorithm refusal, checked by the verifier.
+    if ["alg", "typ", "kid"]
+        .iter()
+        .any(|k| header.get(*k).is_some_and(|v| !v.is_string()))
+    {
         return Err(TokenError::Malformed);
     }
     Ok(Jwt {
@@ -903,6 +912,27 @@ mod tests {
             &good[good.find('.').unwrap() + 1..]
         );
         assert_eq!(verify(&array_header).await, Err(TokenError::Malformed));
+        // Strict header and claims: duplicate keys and a non-string `alg`/`typ`/`kid` are
+        // malformed (checked before the signature).
+        let claims_b64 = url_encode(claims().to_string().as_bytes());
+        for header in [
+            r#"{"alg":"HS256","alg":"none"}"#,
+            r#"{"alg":256,"typ":"JWT"}"#,
+            r#"{"alg":"HS256","typ":1}"#,
+            r#"{"alg":"HS256","kid":null}"#,
+        ] {
+            let t = format!("{}.{claims_b64}.", url_encode(header.as_bytes()));
+            assert_eq!(verify(&t).await, Err(TokenError::Malformed), "{header}");
+        }
+        let header_b64 = url_encode(br#"{"alg":"HS256","typ":"JWT"}"#);
+        let dup_claims = format!(
+            "{}.{}.",
+            header_b64,
+            url_encode(br#"{"sub":"user-1","sub":"user-2"}"#)
+        );
+        assert_eq!(verify(&dup_claims).await, Err(TokenError::Malformed));
+        let ok_unsigned = format!("{header_b64}.{claims_b64}.");
+        assert_eq!(verify(&ok_unsigned).await, Err(TokenError::Signature));
     }
 
     #[test]

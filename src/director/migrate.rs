@@ -548,14 +548,28 @@ pub async fn expire_aged(db: &Db, now: i64) -> Result<SweepCount, DbError> {
     })
 }
 
-/// `release-expired-activity-leases`: up to 500 expired leases, except the pending control and
-/// migration lease of an open migration at its epoch.
-pub async fn release_expired_leases(db: &Db, now: i64) -> Result<SweepCount, DbError> {
-    let items: Vec<(HostKey, i64)> = rows::hosts_with_expired_leases(db, now, EXPIRED_LEASE_BATCH)
-        .await?
-        .into_iter()
-        .map(|h| (h, 0))
-        .collect();
+/// One batch of `release-expired-activity-leases`: the hosts of up to 500 expired leases after
+/// `after`, each in its own transaction (every expired lease of the host is released, except the
+/// pending control and migration lease of an open migration at its epoch). Returns the count and
+/// the cursor of the next batch (`None`: nothing expired is left past this one). The sweep calls
+/// it until the cursor runs out, so a crash burst is drained in one run (issue 11).
+pub async fn release_expired_leases(
+    db: &Db,
+    now: i64,
+    after: Option<&rows::LeaseCursor>,
+) -> Result<(SweepCount, Option<rows::LeaseCursor>), DbError> {
+    let (hosts, next) =
+        rows::hosts_with_expired_leases(db, now, after, EXPIRED_LEASE_BATCH).await?;
+    let items: Vec<(HostKey, i64)> = hosts.into_iter().map(|h| (h, 0)).collect();
+    let count = release_hosts_expired_leases(db, now, items).await?;
+    Ok((count, next))
+}
+
+async fn release_hosts_expired_leases(
+    db: &Db,
+    now: i64,
+    items: Vec<(HostKey, i64)>,
+) -> Result<SweepCount, DbError> {
     per_host!(db, items, |tx, host, _e| {
         let hv = match lock_host(tx, &host).await? {
             Some(h) => h,

@@ -53,7 +53,7 @@ fn report(step: &str, r: Result<SweepCount, DbError>) {
         Ok(_) => {}
         Err(e) => {
             log::warn!("[orca-relay] assignment cleanup failed: {step}");
-            log::debug!("sweep {step}: {e}");
+            log::debug!("[orca-relay] sweep {step}: {e}");
         }
     }
 }
@@ -90,7 +90,7 @@ pub async fn run_once(d: &Director) {
     report("expire-aged-migrations", m::expire_aged(db, now).await);
     report(
         "release-expired-activity-leases",
-        m::release_expired_leases(db, now).await,
+        release_expired_leases(db, now).await,
     );
     report(
         "release-connection-reservations",
@@ -112,6 +112,23 @@ pub async fn run_once(d: &Director) {
         Ok(Some((name, fields))) => crate::logging::event(name, fields),
         Ok(None) => {}
         Err(e) => log::warn!("[orca-relay] assignment cleanup failed: regional-rehome-aborts {e}"),
+    }
+}
+
+/// `release-expired-activity-leases`, drained: batches of 500 leases (one transaction per host)
+/// until every lease expired at `now` was visited, instead of one batch per 30 s sweep. The walk
+/// moves a cursor forward, so busy or kept leases are passed over, not retried in a loop.
+async fn release_expired_leases(db: &crate::store::Db, now: i64) -> Result<SweepCount, DbError> {
+    let mut total = SweepCount::default();
+    let mut cursor = None;
+    loop {
+        let (c, next) = m::release_expired_leases(db, now, cursor.as_ref()).await?;
+        total.done += c.done;
+        total.skipped += c.skipped;
+        match next {
+            Some(n) => cursor = Some(n),
+            None => return Ok(total),
+        }
     }
 }
 

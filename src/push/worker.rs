@@ -180,9 +180,14 @@ impl Worker {
                 run.busy.store(true, Ordering::SeqCst);
                 return;
             }
-            let claimed = {
-                let _slot = self.db_slots.acquire().await;
-                store::claim(&self.ctx.db, &LIMITS, now_ms()).await
+            // Shutdown waits for deliveries, not for claims: a claim stuck on an unreachable
+            // database would hold the worker until the store's call deadline.
+            let claimed = tokio::select! {
+                _ = self.stop.cancelled() => return,
+                r = async {
+                    let _slot = self.db_slots.acquire().await;
+                    store::claim(&self.ctx.db, &LIMITS, now_ms()).await
+                } => r,
             };
             match claimed {
                 Ok(Some(c)) => self.deliver(run, c).await,

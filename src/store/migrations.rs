@@ -239,20 +239,57 @@ pub async fn open_migrations(
     Ok(rows.iter().map(|r| (host_from(r), r.i64(2))).collect())
 }
 
-/// Hosts with one of the `limit` soonest-expired leases (expired at `now`).
+/// Where a walk over expired leases stands: the last lease listed, in
+/// (`expires_at`, `user_id`, `relay_host_id`, `activity_id`) order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseCursor {
+    pub expires_at: i64,
+    pub host: HostKey,
+    pub activity_id: String,
+}
+
+/// Hosts with one of the next `limit` leases expired at `now` after `after` (from the start when
+/// `None`), soonest expiry first, and the cursor past them: `None` when fewer than `limit` leases
+/// were left, so a walk ends after one pass over what was expired when it began.
 pub async fn hosts_with_expired_leases(
     db: &Db,
     now: i64,
+    after: Option<&LeaseCursor>,
     limit: i64,
-) -> Result<Vec<HostKey>, DbError> {
+) -> Result<(Vec<HostKey>, Option<LeaseCursor>), DbError> {
+    let (at, user, host, activity) = match after {
+        Some(c) => (
+            c.expires_at,
+            c.host.user_id.as_str(),
+            c.host.relay_host_id.as_str(),
+            c.activity_id.as_str(),
+        ),
+        None => (i64::MIN, "", "", ""),
+    };
     let rows = db
         .query(
-            "SELECT DISTINCT user_id, relay_host_id FROM (SELECT user_id, relay_host_id FROM relay_assignment_activity_leases \
-             WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2) x",
-            params![now, limit],
+            "SELECT user_id, relay_host_id, expires_at, activity_id FROM relay_assignment_activity_leases \
+             WHERE expires_at <= $1 AND (expires_at, user_id, relay_host_id, activity_id) > ($2, $3, $4, $5) \
+             ORDER BY expires_at, user_id, relay_host_id, activity_id LIMIT $6",
+            params![now, at, user, host, activity, limit],
         )
         .await?;
-    Ok(rows.iter().map(host_from).collect())
+    let next = match rows.last() {
+        Some(r) if rows.len() as i64 >= limit => Some(LeaseCursor {
+            expires_at: r.i64(2),
+            host: host_from(r),
+            activity_id: r.str(3),
+        }),
+        _ => None,
+    };
+    let mut hosts: Vec<HostKey> = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let h = host_from(r);
+        if !hosts.contains(&h) {
+            hosts.push(h);
+        }
+    }
+    Ok((hosts, next))
 }
 
 /// `reserved` reservations whose timeout passed at least `grace_ms` before `now` → `released`.

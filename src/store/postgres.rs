@@ -8,8 +8,16 @@
 //! is not sent on its own: it goes out pipelined with the first statement (one flight), and
 //! [`Backend::finish_with`] pipelines a last statement with `COMMIT`. A transaction that never ran
 //! a statement costs nothing. Every statement is prepared once per connection and cached.
+//!
+//! Server-side timeouts cannot fire when no packet reaches the server (a black-holed network), so
+//! every call also has a client-side deadline, [`CALL_DEADLINE`]: a plain read covers the pool
+//! wait and its statement with it, `begin` the pool wait, and every statement of an open
+//! transaction (and its `COMMIT`/`ROLLBACK`) gets its own. A connection whose statement ran out of
+//! time, or whose caller was cancelled mid-statement, still has a request in flight: it is
+//! detached from the pool and closed ([`Object::take`]), never handed to the next caller.
 
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +34,47 @@ pub struct PgDb {
     pool: Pool,
     pub(super) waits: WaitTracker,
     pub(super) wire: Arc<WireStats>,
+}
+
+/// The client-side deadline of one store call: the server's `statement_timeout` (5 s) plus 1 s for
+/// the network, so a statement the server times out reports the server's error first, while a
+/// statement whose packets go nowhere fails as transient after 6 s instead of hanging.
+pub const CALL_DEADLINE: Duration = Duration::from_secs(6);
+
+fn deadline_exceeded() -> DbError {
+    DbError::Transient("postgres call deadline exceeded".into())
+}
+
+/// `fut` by [`CALL_DEADLINE`], a timeout being a transient failure.
+async fn within<T>(
+    fut: impl std::future::Future<Output = Result<T, DbError>>,
+) -> Result<T, DbError> {
+    tokio::time::timeout(CALL_DEADLINE, fut)
+        .await
+        .unwrap_or_else(|_| Err(deadline_exceeded()))
+}
+
+/// Detaches a connection from the pool and closes it (its slot is free for a new one).
+fn discard(obj: Object) {
+    drop(Object::take(obj));
+}
+
+/// Holds a connection while a statement may be in flight: dropped armed (timeout, or the caller's
+/// future dropped mid-statement) it discards the connection instead of returning it.
+struct InFlight(Option<Object>);
+
+impl InFlight {
+    fn disarm(mut self) -> Option<Object> {
+        self.0.take()
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(obj) = self.0.take() {
+            discard(obj);
+        }
+    }
 }
 
 const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
@@ -88,9 +137,10 @@ impl PgDb {
 
     /// Takes a connection; `BEGIN` is sent with the transaction's first statement.
     pub async fn begin(&self) -> Result<PgTx, DbError> {
-        let obj = self.get().await?;
+        let obj = within(self.get()).await?;
         Ok(PgTx {
             obj: Some(obj),
+            in_flight: AtomicBool::new(false),
             begun: false,
             finished: false,
             wire: self.wire.clone(),
@@ -98,10 +148,23 @@ impl PgDb {
     }
 
     pub async fn read(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
-        let obj = self.get().await?;
-        let stmt = prepare(&obj, sql, &self.wire).await?;
-        self.wire.flight(1);
-        rows_of(run_prepared(&obj, &stmt, params).await?)
+        let started = tokio::time::Instant::now();
+        let guard = InFlight(Some(within(self.get()).await?));
+        let r = tokio::time::timeout_at(started + CALL_DEADLINE, async {
+            let obj = guard.0.as_ref().expect("held");
+            let stmt = prepare(obj, sql, &self.wire).await?;
+            self.wire.flight(1);
+            run_prepared(obj, &stmt, params).await
+        })
+        .await;
+        match r {
+            Ok(rows) => {
+                drop(guard.disarm());
+                rows_of(rows?)
+            }
+            // The guard drops armed: the connection is discarded.
+            Err(_) => Err(deadline_exceeded()),
+        }
     }
 
     pub fn pool_status(&self) -> (u64, u64) {
@@ -121,6 +184,8 @@ pub struct PgTx {
     begun: bool,
     /// [`Backend::finish_with`] committed it.
     finished: bool,
+    /// A statement is running: dropped now, the connection must be discarded.
+    in_flight: AtomicBool,
     wire: Arc<WireStats>,
 }
 
@@ -165,32 +230,41 @@ impl PgTx {
     }
 }
 
+/// Runs `$fut` (a statement of `$tx`) by [`CALL_DEADLINE`], marked in flight meanwhile; on timeout
+/// the connection is discarded.
+macro_rules! bounded {
+    ($tx:ident, $fut:expr) => {{
+        $tx.in_flight.store(true, Ordering::Relaxed);
+        let r = tokio::time::timeout(CALL_DEADLINE, $fut).await;
+        $tx.in_flight.store(false, Ordering::Relaxed);
+        match r {
+            Ok(r) => r,
+            Err(_) => {
+                if let Some(obj) = $tx.obj.take() {
+                    discard(obj);
+                }
+                Err(deadline_exceeded())
+            }
+        }
+    }};
+}
+
 impl Backend for PgTx {
     async fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
-        rows_of(self.run(sql, params).await?)
+        bounded!(self, self.raw_query(sql, params))
     }
 
     async fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
-        let conn = self.conn()?;
-        let stmt = prepare(conn, sql, &self.wire).await?;
-        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
-        if self.begun {
-            self.wire.flight(1);
-            return conn.execute(&stmt, &refs).await.map_err(map_err);
-        }
-        self.wire.flight(2);
-        let (b, r) = tokio::join!(conn.batch_execute(BEGIN), conn.execute(&stmt, &refs));
-        self.begun = true;
-        b.map_err(map_err)?;
-        r.map_err(map_err)
+        bounded!(self, self.raw_execute(sql, params))
     }
 
     async fn execute_batch(&mut self, sql: &str) -> Result<(), DbError> {
-        self.simple(sql).await
+        bounded!(self, self.simple(sql))
     }
 
     async fn set_lock_timeout(&mut self, ms: u64) -> Result<(), DbError> {
-        self.simple(&format!("SET LOCAL lock_timeout = {ms}")).await
+        let sql = format!("SET LOCAL lock_timeout = {ms}");
+        bounded!(self, self.simple(&sql))
     }
 
     async fn scope_lock(&mut self, scope: &str) -> Result<(), DbError> {
@@ -213,6 +287,92 @@ impl Backend for PgTx {
     }
 
     async fn finish_with(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+        bounded!(self, self.raw_finish_with(sql, params))
+    }
+
+    async fn commit(mut self) -> Result<(), DbError> {
+        let Some(obj) = self.obj.take() else {
+            return if self.finished {
+                Ok(())
+            } else {
+                Err(DbError::Fatal("transaction already finished".into()))
+            };
+        };
+        if !self.begun {
+            return Ok(());
+        }
+        self.wire.flight(1);
+        let guard = InFlight(Some(obj));
+        let r = tokio::time::timeout(CALL_DEADLINE, async {
+            let obj = guard.0.as_ref().expect("held");
+            match obj.batch_execute("COMMIT").await {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    let _ = obj.batch_execute("ROLLBACK").await;
+                    Err(map_err(e))
+                }
+            }
+        })
+        .await;
+        match r {
+            Ok(r) => {
+                drop(guard.disarm());
+                r
+            }
+            // An unknown outcome: the connection is discarded (guard), the caller sees transient.
+            Err(_) => Err(deadline_exceeded()),
+        }
+    }
+
+    async fn rollback(mut self) {
+        if let Some(obj) = self.obj.take() {
+            if self.begun {
+                self.wire.flight(1);
+                rollback_bounded(obj).await;
+            }
+        }
+    }
+}
+
+/// `ROLLBACK` by [`CALL_DEADLINE`]; a connection that cannot answer is discarded.
+async fn rollback_bounded(obj: Object) {
+    let guard = InFlight(Some(obj));
+    let done = tokio::time::timeout(CALL_DEADLINE, async {
+        let _ = guard
+            .0
+            .as_ref()
+            .expect("held")
+            .batch_execute("ROLLBACK")
+            .await;
+    })
+    .await
+    .is_ok();
+    if done {
+        drop(guard.disarm());
+    }
+}
+
+impl PgTx {
+    async fn raw_query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
+        rows_of(self.run(sql, params).await?)
+    }
+
+    async fn raw_execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
+        let conn = self.conn()?;
+        let stmt = prepare(conn, sql, &self.wire).await?;
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
+        if self.begun {
+            self.wire.flight(1);
+            return conn.execute(&stmt, &refs).await.map_err(map_err);
+        }
+        self.wire.flight(2);
+        let (b, r) = tokio::join!(conn.batch_execute(BEGIN), conn.execute(&stmt, &refs));
+        self.begun = true;
+        b.map_err(map_err)?;
+        r.map_err(map_err)
+    }
+
+    async fn raw_finish_with(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
         let obj = self
             .obj
             .take()
@@ -251,48 +411,21 @@ impl Backend for PgTx {
         }
         rows_of(rows)
     }
-
-    async fn commit(mut self) -> Result<(), DbError> {
-        let Some(obj) = self.obj.take() else {
-            return if self.finished {
-                Ok(())
-            } else {
-                Err(DbError::Fatal("transaction already finished".into()))
-            };
-        };
-        if !self.begun {
-            return Ok(());
-        }
-        self.wire.flight(1);
-        match obj.batch_execute("COMMIT").await {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                let _ = obj.batch_execute("ROLLBACK").await;
-                Err(map_err(e))
-            }
-        }
-    }
-
-    async fn rollback(mut self) {
-        if let Some(obj) = self.obj.take() {
-            if self.begun {
-                self.wire.flight(1);
-                let _ = obj.batch_execute("ROLLBACK").await;
-            }
-        }
-    }
 }
 
 impl Drop for PgTx {
     fn drop(&mut self) {
         if let Some(obj) = self.obj.take() {
+            if self.in_flight.load(Ordering::Relaxed) {
+                // Cancelled mid-statement: never reuse it.
+                discard(obj);
+                return;
+            }
             if !self.begun {
                 return;
             }
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                handle.spawn(async move {
-                    let _ = obj.batch_execute("ROLLBACK").await;
-                });
+                handle.spawn(rollback_bounded(obj));
             }
         }
     }
