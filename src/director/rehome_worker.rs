@@ -221,6 +221,7 @@ impl Worker {
                 }
                 (DispatchAnswer::Stop(reason), _) => {
                     summary.deferred += 1;
+                    d.rehome_deferred.record(now_ms());
                     self.skip.answered(id);
                     stopped_by = reason;
                     break;
@@ -229,7 +230,10 @@ impl Worker {
                     match bucket {
                         "busy" => summary.busy += 1,
                         "stale" => summary.stale += 1,
-                        _ => summary.deferred += 1,
+                        _ => {
+                            summary.deferred += 1;
+                            d.rehome_deferred.record(now_ms());
+                        }
                     }
                     self.skip.answered(id);
                 }
