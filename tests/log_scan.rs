@@ -232,6 +232,18 @@ async fn no_secret_token_or_host_id_in_the_logs_of_a_full_run() {
         needles.len(),
         hits.len()
     );
-    assert!(log.len() > 20, "the run logged: {log:?}");
+    // The scan means something only if the run's events were logged (dependency lines are capped
+    // at info by the log formatter, so the count of lines is small; the events are what matter).
+    for event in [
+        "orca_relay_process_started",
+        "orca_relay_host_control_activated",
+        "orca_relay_client_accept_completed",
+        "orca_push_counters",
+    ] {
+        assert!(
+            log.iter().any(|l| l.contains(event)),
+            "{event} was not logged: {log:?}"
+        );
+    }
     assert!(hits.is_empty(), "secrets in the logs: {hits:#?}");
 }

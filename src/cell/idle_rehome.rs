@@ -228,23 +228,8 @@ impl Cell {
 
     /// The cell's own safety object: real counters of this process's store over the last 30 s.
     pub fn own_safety(&self, now: i64) -> Safety {
-        let reading = db_reading(&self.ctx.db, self.counts.recovery_failures());
+        let reading = crate::rehome::store_reading(&self.ctx.db, self.counts.recovery_failures());
         crate::sync::lock(&self.safety).record(now, reading)
-    }
-}
-
-/// A reading of a process's store counters (pool waits, failures) and its recovery failures.
-pub fn db_reading(db: &crate::store::Db, recovery_failures: i64) -> rules::SafetyReading {
-    let (sql, reconnects) = db.waits().failure_totals();
-    let (waiters_max, wait_ms_max) = db.waits().take_window_maxima();
-    let p = db.pressure();
-    rules::SafetyReading {
-        totals: [sql as i64, reconnects as i64, recovery_failures],
-        waiting: p.waiting as i64,
-        waiters_max: waiters_max as i64,
-        wait_ms_max: wait_ms_max as i64,
-        pool: db.pool_status().map(|(t, i)| (t as i64, i as i64)),
-        oldest_wait_ms: p.oldest_wait_ms as i64,
     }
 }
 

@@ -215,7 +215,7 @@ mod tests {
         t.record(BUCKET_MS);
         assert_eq!(t.since(BUCKET_MS), 3);
         assert_eq!(t.since(day + BUCKET_MS - 1), 3, "still inside the window");
-        assert_eq!(t.since(day + 2 * BUCKET_MS), 1, "the first minute left");
+        assert_eq!(t.since(day + 2 * BUCKET_MS - 1), 1, "the first minute left");
         assert_eq!(t.since(day + 3 * BUCKET_MS), 0);
         let t = DeferredTally::default();
         for i in 0..(3 * BUCKETS as i64) {
