@@ -82,6 +82,7 @@ async fn two_regions_idle_hosts_move_spliced_hosts_stay() {
             capable: true,
             measurements: Some(measurements.clone()),
             splice: i >= hosts,
+            ..HostPlan::default()
         };
         tasks.push(tokio::spawn(run_host(
             id,

@@ -85,6 +85,13 @@ pub fn start(cell: &Arc<Cell>, grace_ms: u64, pace_ms: u64) -> Vec<Arc<Session>>
         } else {
             ((i as f64) * (pace_ms as f64) / ((n - 1) as f64)).round() as u64
         };
+        if at == 0 && grace_ms == 0 {
+            // Told and closed at once (SIGTERM with no grace): done before this returns, so the
+            // releases are on the process tracker before shutdown waits for it.
+            tell(s, 0);
+            forced_close(cell, s);
+            continue;
+        }
         let cell = cell.clone();
         let s = s.clone();
         tokio::spawn(async move {

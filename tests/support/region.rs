@@ -399,6 +399,10 @@ pub struct HostPlan {
     pub measurements: Option<Vec<(String, i64)>>,
     /// Pair a phone after every activation and keep the splice open (the host is never idle).
     pub splice: bool,
+    /// On a cell's `drain` frame, close the control at once and re-resolve through the director
+    /// (director.md §6.1: told hosts re-ask `/v1/assign`); otherwise hold it until the cell
+    /// closes it at the drain grace.
+    pub leave_on_drain: bool,
 }
 
 /// One activation.
@@ -423,6 +427,8 @@ pub struct HostStats {
     pub reported: bool,
     /// Splices paired.
     pub splices: u32,
+    /// When the host's control on a cell (by URL) last ended (the host left or the cell closed it).
+    pub left: BTreeMap<String, Instant>,
 }
 
 impl HostStats {
@@ -626,6 +632,10 @@ pub async fn run_host(
                 return;
             }
             match control.recv(Duration::from_millis(250)).await {
+                Ok(v) if plan.leave_on_drain && v["type"] == "drain" => {
+                    let _ = control.ws.close(None).await;
+                    break;
+                }
                 Ok(_) => {}
                 Err((0, reason)) if reason == "timeout" => {}
                 Err(_) => break,
@@ -637,6 +647,7 @@ pub async fn run_host(
         let mut s = stats.lock().unwrap();
         s.connected = false;
         s.down_since = Some(Instant::now());
+        s.left.insert(grant.0.clone(), Instant::now());
     }
 }
 
