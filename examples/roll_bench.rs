@@ -201,6 +201,15 @@ async fn main() {
         spread.join(", "),
         a.directors
     );
+    println!(
+        "roll_bench: on drain {}, drain grace {} ms, pace window {} ms, pool {} per process, sampling every {} ms, binary {}",
+        a.on_drain,
+        a.grace_ms,
+        a.pace_window_ms,
+        a.pool_max,
+        a.sample_ms,
+        bin.display()
+    );
     let sampler_stop = Arc::new(AtomicBool::new(false));
     let sampler = start_roll_sampler(
         t.db.clone(),

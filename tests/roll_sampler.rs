@@ -8,7 +8,6 @@ mod roll_sampler;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
-use std::time::Duration;
 
 use roll_sampler::*;
 
@@ -43,39 +42,45 @@ fn running(pairs: &[(&str, &[&str])]) -> Running {
         .collect()
 }
 
+/// The snapshot's time in these cases.
+const SNAP: i64 = 1_000_000;
+
+/// Joined A long ago, then B: nothing recorded as left.
 fn on_b() -> HostView {
     HostView {
-        connected_to: Some(B.into()),
-        left_ago: BTreeMap::new(),
+        left_at: BTreeMap::new(),
+        joined_at: [(A.to_string(), SNAP - 60_000), (B.to_string(), SNAP - 10)]
+            .into_iter()
+            .collect(),
     }
 }
 
-fn left_a(ago: Duration) -> HostView {
-    HostView {
-        connected_to: Some(B.into()),
-        left_ago: [(A.to_string(), ago)].into_iter().collect(),
-    }
+/// Joined A, left it `ago` ms before the snapshot, joined B.
+fn left_a(ago: i64) -> HostView {
+    let mut v = on_b();
+    v.left_at.insert(A.into(), SNAP - ago);
+    v
 }
 
 #[test]
 fn one_cell_is_not_judged() {
     let r = running(&[("c1", &["i1"]), ("c2", &["i2"])]);
     let l = [lease("c1", Some("i1")), lease("c1", Some("i1"))];
-    assert_eq!(judge(&l, &r, &on_b(), &urls()), Verdict::One);
+    assert_eq!(judge(&l, &r, &on_b(), &urls(), SNAP), Verdict::One);
 }
 
 #[test]
 fn two_running_processes_are_double_serving() {
     let r = running(&[("c1", &["i1"]), ("c2", &["i2"])]);
     let l = [lease("c1", Some("i1")), lease("c2", Some("i2"))];
-    assert_eq!(judge(&l, &r, &on_b(), &urls()), Verdict::Double);
+    assert_eq!(judge(&l, &r, &on_b(), &urls(), SNAP), Verdict::Double);
     // A lease with no incarnation (re-acquired) counts as its cell's running process's.
     let l = [lease("c1", None), lease("c2", Some("i2"))];
-    assert_eq!(judge(&l, &r, &on_b(), &urls()), Verdict::Double);
+    assert_eq!(judge(&l, &r, &on_b(), &urls(), SNAP), Verdict::Double);
     // A process seen running before or after the query counts (the union of both reads).
     let r2 = running(&[("c1", &["i0", "i1"]), ("c2", &["i2"])]);
     let l = [lease("c1", Some("i1")), lease("c2", Some("i2"))];
-    assert_eq!(judge(&l, &r2, &on_b(), &urls()), Verdict::Double);
+    assert_eq!(judge(&l, &r2, &on_b(), &urls(), SNAP), Verdict::Double);
 }
 
 #[test]
@@ -83,39 +88,39 @@ fn a_stopped_processes_lease_is_not_serving() {
     // c1 now runs i9; the lease is of i1, which has exited.
     let r = running(&[("c1", &["i9"]), ("c2", &["i2"])]);
     let l = [lease("c1", Some("i1")), lease("c2", Some("i2"))];
-    assert_eq!(judge(&l, &r, &on_b(), &urls()), Verdict::Stopped);
+    assert_eq!(judge(&l, &r, &on_b(), &urls(), SNAP), Verdict::Stopped);
     // c1 runs nothing: even a lease without incarnation is nobody's.
     let r = running(&[("c1", &[]), ("c2", &["i2"])]);
     let l = [lease("c1", None), lease("c2", Some("i2"))];
-    assert_eq!(judge(&l, &r, &on_b(), &urls()), Verdict::Stopped);
+    assert_eq!(judge(&l, &r, &on_b(), &urls(), SNAP), Verdict::Stopped);
 }
 
 #[test]
 fn a_release_in_flight_is_excused_only_briefly() {
     let r = running(&[("c1", &["i1"]), ("c2", &["i2"])]);
     let l = [lease("c1", Some("i1")), lease("c2", Some("i2"))];
-    let v = judge(&l, &r, &left_a(Duration::from_millis(300)), &urls());
+    let v = judge(&l, &r, &left_a(300), &urls(), SNAP);
     assert_eq!(v, Verdict::ReleaseInFlight);
     // Past the cell's release deadline the lease counts again: a cell that never releases is
     // caught.
-    let v = judge(&l, &r, &left_a(RELEASE_WINDOW), &urls());
+    let window = RELEASE_WINDOW.as_millis() as i64;
+    let v = judge(&l, &r, &left_a(window), &urls(), SNAP);
     assert_eq!(v, Verdict::Double);
-    // A host connected to the old cell again is served there, however recently it left it.
-    let back = HostView {
-        connected_to: Some(A.into()),
-        left_ago: [(A.to_string(), Duration::from_millis(10))]
-            .into_iter()
-            .collect(),
-    };
-    assert_eq!(judge(&l, &r, &back, &urls()), Verdict::Double);
-    // Left the other one just now: that one is the release in flight.
-    let back = HostView {
-        connected_to: Some(A.into()),
-        left_ago: [(B.to_string(), Duration::from_millis(10))]
-            .into_iter()
-            .collect(),
-    };
-    assert_eq!(judge(&l, &r, &back, &urls()), Verdict::ReleaseInFlight);
+    // A departure after the snapshot does not excuse what the snapshot saw.
+    let v = judge(&l, &r, &left_a(-5), &urls(), SNAP);
+    assert_eq!(v, Verdict::Double);
+    // A host that left A, joined B, and joined A again while B's lease is still there: served
+    // by both (it never left B).
+    let mut back = left_a(300);
+    back.joined_at.insert(B.into(), SNAP - 250);
+    back.joined_at.insert(A.into(), SNAP - 100);
+    assert_eq!(judge(&l, &r, &back, &urls(), SNAP), Verdict::Double);
+    // …and had it left B before joining A again, B's lease is the release in flight.
+    back.left_at.insert(B.into(), SNAP - 150);
+    assert_eq!(
+        judge(&l, &r, &back, &urls(), SNAP),
+        Verdict::ReleaseInFlight
+    );
 }
 
 #[test]

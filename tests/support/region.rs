@@ -427,8 +427,10 @@ pub struct HostStats {
     pub reported: bool,
     /// Splices paired.
     pub splices: u32,
-    /// When the host's control on a cell (by URL) last ended (the host left or the cell closed it).
-    pub left: BTreeMap<String, Instant>,
+    /// When (wall clock, epoch ms) the host's control on a cell (by URL) last ended (the host
+    /// left or the cell closed it), and when one was last activated there.
+    pub left: BTreeMap<String, i64>,
+    pub joined: BTreeMap<String, i64>,
 }
 
 impl HostStats {
@@ -448,6 +450,13 @@ impl HostStats {
     pub fn down_now(&self) -> Option<Duration> {
         self.down_since.map(|s| s.elapsed())
     }
+}
+
+/// Wall-clock epoch ms (comparable with the database server's clock on this machine).
+pub fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 fn refuse(stats: &Mutex<HostStats>, cause: String) {
@@ -578,6 +587,7 @@ pub async fn run_host(
                 epoch: grant.1,
             });
             s.connected = true;
+            s.joined.insert(grant.0.clone(), wall_ms());
         }
         let mut held = Vec::new();
         if let Some(m) = plan
@@ -647,7 +657,7 @@ pub async fn run_host(
         let mut s = stats.lock().unwrap();
         s.connected = false;
         s.down_since = Some(Instant::now());
-        s.left.insert(grant.0.clone(), Instant::now());
+        s.left.insert(grant.0.clone(), wall_ms());
     }
 }
 

@@ -12,7 +12,12 @@
 //! of a sample is the union of the sets read just before and just after the lease query, so a
 //! process that starts or stops during the query is counted as running: the sampler can only
 //! over-count, never hide a violation. A lease of a process that has exited (its release never
-//! landed) is reported apart: no process serves through it.
+//! landed) is reported apart: no process serves through it. So is a lease on a cell the host
+//! itself closed its control to (its last event there is leaving) before the query's snapshot and
+//! less than [`RELEASE_WINDOW`] (the cell's release deadline) before it: the process holds no
+//! socket of the host and cannot rebind one (a draining cell refuses activations), only its
+//! release has not landed yet. A lease that outlives that window counts again, so a cell that
+//! does not release is still caught.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -61,12 +66,12 @@ pub enum Verdict {
     Stopped,
 }
 
-/// What a host had done when the sample's query started: its current cell (None while it is not
-/// connected) and when it last left each cell, as ages.
+/// What a host had recorded, read right after the sample's query: when (wall clock ms) it last
+/// left and last joined each cell (by URL).
 #[derive(Debug, Default, Clone)]
 pub struct HostView {
-    pub connected_to: Option<String>,
-    pub left_ago: BTreeMap<String, Duration>,
+    pub left_at: BTreeMap<String, i64>,
+    pub joined_at: BTreeMap<String, i64>,
 }
 
 /// The incarnation a node's latest process minted: the last `orca_relay_process_started` line of
@@ -113,13 +118,17 @@ pub struct LeaseSeen {
     pub ms_left: i64,
 }
 
-/// The pure verdict for one host's unexpired activated control leases. `url_of` maps a cell id
-/// to the URL the host dialled.
+/// The pure verdict for one host's unexpired activated control leases, seen in a snapshot taken
+/// at `snapshot_ms` (the statement's start on the database server). `url_of` maps a cell id to
+/// the URL the host dialled. A running process's lease is excused only when the host's last
+/// event on that cell is leaving it, no later than the snapshot and less than
+/// [`RELEASE_WINDOW`] before it.
 pub fn judge(
     leases: &[LeaseSeen],
     running: &Running,
     host: &HostView,
     url_of: &BTreeMap<String, String>,
+    snapshot_ms: i64,
 ) -> Verdict {
     let cells: BTreeSet<&str> = leases.iter().map(|l| l.cell.as_str()).collect();
     if cells.len() < 2 {
@@ -132,13 +141,16 @@ pub fn judge(
             None => run.is_some_and(|r| !r.is_empty()),
         }
     };
-    let left_just_now = |l: &&LeaseSeen| {
-        let url = url_of.get(&l.cell);
-        url.is_some()
-            && host.connected_to.as_ref() != url
-            && url
-                .and_then(|u| host.left_ago.get(u))
-                .is_some_and(|ago| *ago < RELEASE_WINDOW)
+    let window = RELEASE_WINDOW.as_millis() as i64;
+    let left_just_before = |l: &&LeaseSeen| {
+        let Some(url) = url_of.get(&l.cell) else {
+            return false;
+        };
+        let Some(&left) = host.left_at.get(url) else {
+            return false;
+        };
+        let rejoined = host.joined_at.get(url).is_some_and(|&j| j > left);
+        !rejoined && left <= snapshot_ms && snapshot_ms - left < window
     };
     let running_cells: BTreeSet<&str> = leases
         .iter()
@@ -148,7 +160,7 @@ pub fn judge(
     let serving: BTreeSet<&str> = leases
         .iter()
         .filter(of_running)
-        .filter(|l| !left_just_now(l))
+        .filter(|l| !left_just_before(l))
         .map(|l| l.cell.as_str())
         .collect();
     if serving.len() > 1 {
@@ -169,15 +181,8 @@ fn host_views(hosts: &Hosts) -> BTreeMap<String, HostView> {
         .map(|(id, s)| {
             let s = s.lock().unwrap();
             let view = HostView {
-                connected_to: s
-                    .connected
-                    .then(|| s.last_cell().map(str::to_owned))
-                    .flatten(),
-                left_ago: s
-                    .left
-                    .iter()
-                    .map(|(u, t)| (u.clone(), t.elapsed()))
-                    .collect(),
+                left_at: s.left.clone(),
+                joined_at: s.joined.clone(),
             };
             (id.clone(), view)
         })
@@ -195,12 +200,12 @@ pub async fn sample(
 ) -> Result<(), String> {
     let mut running = Running::new();
     read_running(cells, &mut running);
-    let views = host_views(hosts);
     let now = orca_relay::clock::now_ms();
     let rows = db
         .query(
             "SELECT l.user_id, l.relay_host_id, l.cell_id, l.cell_incarnation, \
-             COALESCE(l.control_generation, 0), l.expires_at - $1 \
+             COALESCE(l.control_generation, 0), l.expires_at - $1, \
+             (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT \
              FROM relay_assignment_activity_leases l \
              WHERE l.activity_kind = 'control' AND l.activity_id NOT LIKE 'control-pending:%' \
              AND l.expires_at > $1 AND (l.user_id, l.relay_host_id) IN ( \
@@ -213,6 +218,9 @@ pub async fn sample(
         .await
         .map_err(|e| e.to_string())?;
     read_running(cells, &mut running);
+    // After the query: every departure that preceded the snapshot is recorded by now.
+    let views = host_views(hosts);
+    let snapshot_ms = rows.first().map_or(0, |r| r.i64(6));
     let mut by_host: BTreeMap<(String, String), Vec<LeaseSeen>> = BTreeMap::new();
     for r in &rows {
         by_host
@@ -227,7 +235,7 @@ pub async fn sample(
     }
     for ((_, host), leases) in by_host {
         let view = views.get(&host).cloned().unwrap_or_default();
-        match judge(&leases, &running, &view, url_of) {
+        match judge(&leases, &running, &view, url_of, snapshot_ms) {
             Verdict::Double => {
                 let shown: Vec<String> = leases
                     .iter()
