@@ -92,6 +92,7 @@ async fn two_regions_idle_hosts_move_spliced_hosts_stay() {
     };
     let hosts = env_or("ORCA_RELAY_REGION_TEST_HOSTS", 50).max(2) as usize;
     let poll_ms = env_or("ORCA_RELAY_REGION_REHOME_POLL_MS", 500);
+    let sweep_ms = env_or("ORCA_RELAY_SWEEP_INTERVAL_MS", 2000);
     let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_orca-relay"));
     let spec = FleetSpec {
         directors: vec![US.into()],
@@ -103,10 +104,13 @@ async fn two_regions_idle_hosts_move_spliced_hosts_stay() {
         ],
         capacity_requests: 1000,
         pool_max: 4,
-        director_env: vec![(
-            "ORCA_RELAY_REGION_REHOME_POLL_MS".into(),
-            poll_ms.to_string(),
-        )],
+        director_env: vec![
+            (
+                "ORCA_RELAY_REGION_REHOME_POLL_MS".into(),
+                poll_ms.to_string(),
+            ),
+            ("ORCA_RELAY_SWEEP_INTERVAL_MS".into(), sweep_ms.to_string()),
+        ],
     };
     let fleet = start_fleet(&bin, &t.url, &spec).await;
     let director = fleet.directors[0].clone();
@@ -201,9 +205,9 @@ async fn two_regions_idle_hosts_move_spliced_hosts_stay() {
     .await
     .expect("enable the control");
     let enabled_at = Instant::now();
-    let bound = Duration::from_millis(
-        40_000 + hosts as u64 * 3 * (poll_ms * 12 / 10).max(500 + poll_ms * 6 / 10),
-    );
+    let per_poll = hosts as u64 * (poll_ms * 12 / 10).max(500);
+    let per_sweep = (hosts as u64).div_ceil(8) * sweep_ms * 12 / 10;
+    let bound = Duration::from_millis(40_000 + 3 * per_poll.max(per_sweep));
     // A is dispatched first; its cell's commit cannot lock the row and the cell keeps
     // reconciling with A's gate closed.
     wait_until(
@@ -340,7 +344,7 @@ async fn two_regions_idle_hosts_move_spliced_hosts_stay() {
         .cloned()
         .unwrap_or(Value::Null);
     println!(
-        "cluster_region: {hosts} idle + 1 late-spliced + {SPLICED} spliced hosts, poll {poll_ms} ms, \
+        "cluster_region: {hosts} idle + 1 late-spliced + {SPLICED} spliced hosts, poll {poll_ms} ms, sweep {sweep_ms} ms, \
          {moves} moves in {} ms (bound {} ms), longest without a control {} ms, {samples} invariant \
          samples ({} with a stopped incarnation's lease), {} poll summaries (committed {}, busy {busy}, \
          deferred {}, stale {}, failed {}), first busy poll {stalled}, overview {}",

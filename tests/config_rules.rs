@@ -278,3 +278,27 @@ fn region_rehome_poll_period_is_bounded() {
     }
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// `ORCA_RELAY_SWEEP_INTERVAL_MS`: the director's sweep period, 30000 (director.md §5.6) unless
+/// set; an integer in 1000..600000, anything else names the variable.
+#[test]
+fn sweep_interval_is_bounded() {
+    let d = temp_data();
+    let with = |v: Option<&str>| {
+        let flag = v.map(|v| format!("--sweep-interval-ms={v}"));
+        let mut args = vec!["--data-dir", d.as_str()];
+        args.extend(flag.as_deref());
+        cfg(&args)
+    };
+    assert_eq!(with(None).unwrap().sweep_interval_ms, 30_000);
+    assert_eq!(with(Some("1000")).unwrap().sweep_interval_ms, 1000);
+    assert_eq!(with(Some("600000")).unwrap().sweep_interval_ms, 600_000);
+    for bad in ["999", "0", "-1", "600001", "30s", "2.5", ""] {
+        let e = with(Some(bad)).map(|_| ()).expect_err(bad);
+        assert_eq!(
+            e, "ORCA_RELAY_SWEEP_INTERVAL_MS must be an integer in 1000..600000",
+            "{bad:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
