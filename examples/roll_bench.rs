@@ -2,23 +2,27 @@
 //! `cells` cells (separate `orca-relay` processes) and `directors` directors on one Postgres
 //! database; every cell is rolled in turn exactly as `orca-relay admin roll` does it (roll-isolate,
 //! paced drain, stop, new incarnation, restore `general`), with a supervisor restarting the stopped
-//! process like `Restart=always`. Hosts reconnect as the Orca desktop does: re-resolve through a
-//! director (`reconnect:true`), retry with backoff (100 ms doubling to 2 s, ±20 %), the directors in
-//! turn after a failure.
+//! process like `Restart=always`. Hosts reconnect as the Orca desktop does: on the cell's `drain`
+//! they close the control and re-resolve through a director (`reconnect:true`, director.md §6.1;
+//! `--on-drain hold` keeps the control until the cell closes it at the grace instead), retry with
+//! backoff (100 ms doubling to 2 s, ±20 %), the directors in turn after a failure.
 //!
 //! ```text
 //! cargo build && ORCA_RELAY_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test \
-//!   cargo run --example roll_bench -- [--hosts 1000] [--cells 4] [--directors 2]
+//!   cargo run --example roll_bench -- [--hosts 1000] [--cells 4] [--directors 2] [--on-drain leave|hold]
 //! ```
 //!
 //! (`cargo build` first: the bench runs `target/<profile>/orca-relay`, or `ORCA_RELAY_BIN`.)
 //! Prints hosts, moves, the longest and p99 time a host was without a grant (an activated
 //! control), refused assigns and control handshakes by cause, and the invariant sampler's
-//! double-serving samples (must be 0); exits non-zero when double serving was seen. The goal is
-//! no host without a grant for longer than one heartbeat interval (15 s).
+//! double-serving host-samples (must be 0; `tests/support/roll_sampler.rs` says what counts);
+//! exits non-zero when double serving was seen, a sample failed, an epoch went down or a roll
+//! failed. The goal is no host without a grant for longer than one heartbeat interval (15 s).
 
 #[path = "../tests/support/region.rs"]
 mod region;
+#[path = "../tests/support/roll_sampler.rs"]
+mod roll_sampler;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -30,6 +34,7 @@ use clap::Parser;
 use orca_relay::cell::testkit::HostIdentity;
 use orca_relay::store::testing::TestDb;
 use region::*;
+use roll_sampler::{epochs_ok, start_roll_sampler};
 
 #[derive(Parser)]
 struct Args {
@@ -48,6 +53,13 @@ struct Args {
     /// Database pool of every process.
     #[arg(long, default_value = "8")]
     pool_max: usize,
+    /// What a host does when its cell sends `drain`: `leave` closes the control and re-resolves at
+    /// once (director.md §6.1, the desktop); `hold` keeps it until the cell closes it at the grace.
+    #[arg(long, default_value = "leave", value_parser = ["leave", "hold"])]
+    on_drain: String,
+    /// Invariant sampler period (ms).
+    #[arg(long, default_value = "100")]
+    sample_ms: u64,
 }
 
 const REGION: &str = "us-central1";
@@ -132,19 +144,25 @@ async fn main() {
     let fleet = start_fleet(&bin, &t.url, &spec).await;
     let stop = Arc::new(AtomicBool::new(false));
     let mut stats = Vec::new();
+    let mut by_id = roll_sampler::Hosts::new();
     let mut tasks = Vec::new();
     for i in 0..a.hosts {
         let s = Arc::new(Mutex::new(HostStats::default()));
         stats.push(s.clone());
+        let host = HostIdentity::generate(&format!("roll-user-{i:04}"));
+        by_id.insert(host.relay_host_id.clone(), s.clone());
         // Each host's own director first (the desktop's configured one), the others after a failure.
         let mut ds = fleet.directors.clone();
         let n = ds.len();
         ds.rotate_left(i % n);
         tasks.push(tokio::spawn(run_host(
-            HostIdentity::generate(&format!("roll-user-{i:04}")),
+            host,
             ds,
             fleet.directors[0].clone(),
-            HostPlan::default(),
+            HostPlan {
+                leave_on_drain: a.on_drain == "leave",
+                ..HostPlan::default()
+            },
             s,
             stop.clone(),
         )));
@@ -183,10 +201,21 @@ async fn main() {
         spread.join(", "),
         a.directors
     );
+    println!(
+        "roll_bench: on drain {}, drain grace {} ms, pace window {} ms, pool {} per process, sampling every {} ms, binary {}",
+        a.on_drain,
+        a.grace_ms,
+        a.pace_window_ms,
+        a.pool_max,
+        a.sample_ms,
+        bin.display()
+    );
     let sampler_stop = Arc::new(AtomicBool::new(false));
-    let sampler = start_sampler(
+    let sampler = start_roll_sampler(
         t.db.clone(),
-        Duration::from_millis(200),
+        &fleet.cells,
+        by_id,
+        Duration::from_millis(a.sample_ms),
         sampler_stop.clone(),
     );
     let sup_stop = Arc::new(AtomicBool::new(false));
@@ -221,7 +250,7 @@ async fn main() {
     let rolls = rolls_started.elapsed();
     sampler_stop.store(true, Ordering::SeqCst);
     let seen = sampler.await.unwrap();
-    let (samples, violations) = (seen.samples, seen.violations);
+    let (samples, violations) = (seen.samples, &seen.violations);
     sup_stop.store(true, Ordering::SeqCst);
     let restarts: u32 = sups.into_iter().map(|h| h.join().unwrap()).sum();
     stop.store(true, Ordering::SeqCst);
@@ -232,7 +261,7 @@ async fn main() {
     let mut downs = Vec::new();
     let mut causes: BTreeMap<String, u64> = BTreeMap::new();
     let mut moves = 0;
-    let mut epochs_ok = true;
+    let mut epochs_good = true;
     for s in &stats {
         let s = s.lock().unwrap();
         downs.extend(s.downs.iter().copied());
@@ -240,7 +269,7 @@ async fn main() {
             *causes.entry(k.clone()).or_default() += n;
         }
         moves += s.moves();
-        epochs_ok &= epochs_increase(&s);
+        epochs_good &= epochs_ok(&s.grants);
     }
     let longest = downs.iter().copied().max().unwrap_or_default();
     let p99 = quantile(&downs, 0.99);
@@ -266,12 +295,15 @@ async fn main() {
         println!("  {n:>7}  {k}");
     }
     println!(
-        "roll_bench: double-serving samples {} of {samples}, epochs only increase: {epochs_ok}",
-        violations.len()
+        "roll_bench: double-serving host-samples {} in {samples} samples ({} failed), epochs only increase (+1 or more per move): {epochs_good}",
+        violations.len(),
+        seen.failed
     );
     println!(
-        "roll_bench: host-samples with a stopped incarnation's unexpired lease (not serving): {}",
-        seen.stale_leases
+        "roll_bench: host-samples not serving: {} with the lease of a cell the host left < {} ms before (release in flight), {} with a stopped process's lease",
+        seen.releases_in_flight,
+        roll_sampler::RELEASE_WINDOW.as_millis(),
+        seen.stopped_leases
     );
     for v in violations.iter().take(5) {
         println!("  {v}");
@@ -281,7 +313,7 @@ async fn main() {
         if longest <= GOAL { "met" } else { "MISSED" }
     );
     fleet.stop();
-    if !violations.is_empty() || !epochs_ok || failed_rolls > 0 {
+    if !violations.is_empty() || seen.failed > 0 || !epochs_good || failed_rolls > 0 {
         std::process::exit(1);
     }
 }

@@ -151,6 +151,7 @@ async fn two_regions_idle_hosts_move_spliced_hosts_stay() {
             measurements: Some(measurements.clone()),
             splice: i > late,
             splice_on: (i == late).then(|| late_splice.clone()),
+            ..HostPlan::default()
         };
         tasks.push(tokio::spawn(run_host(
             id,

@@ -570,7 +570,17 @@ fn on_control_closed(
     st.state = State::Orphaned;
     st.orphan_seq += 1;
     let seq = st.orphan_seq;
+    // A draining cell refuses every activation (protocol.md §11 step 1), so nothing can rebind
+    // this session: its control lease would only keep the host charged here, next to the control
+    // it re-resolves to elsewhere, until the drain's forced close. Released now; the orphaned
+    // session keeps its splices and pending phones until the grace or the forced close.
+    let unbindable = cell
+        .is_draining()
+        .then(|| std::mem::take(&mut st.activity_id));
     drop(st);
+    if let Some(activity) = unbindable.filter(|a| !a.is_empty()) {
+        cell.release_activity(&session.key, activity);
+    }
     if host_reason == Some(reason::SIGNED_OUT) {
         crate::sync::lock(&cell.signed_out).remember(session.key.clone(), now_ms());
     }

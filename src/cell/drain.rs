@@ -78,6 +78,16 @@ pub fn start(cell: &Arc<Cell>, grace_ms: u64, pace_ms: u64) -> Vec<Arc<Session>>
         .cloned()
         .collect();
     targets.sort_by_key(|s| s.id);
+    // Sessions already orphaned can no longer be rebound either (activations are refused from
+    // now on): their control leases go now, the sessions wait for their grace or forced close.
+    for s in &targets {
+        let mut st = s.lock();
+        if st.state == State::Orphaned && !st.activity_id.is_empty() {
+            let activity = std::mem::take(&mut st.activity_id);
+            drop(st);
+            cell.release_activity(&s.key, activity);
+        }
+    }
     let n = targets.len();
     for (i, s) in targets.iter().enumerate() {
         let at = if n <= 1 || pace_ms == 0 {
@@ -85,6 +95,13 @@ pub fn start(cell: &Arc<Cell>, grace_ms: u64, pace_ms: u64) -> Vec<Arc<Session>>
         } else {
             ((i as f64) * (pace_ms as f64) / ((n - 1) as f64)).round() as u64
         };
+        if at == 0 && grace_ms == 0 {
+            // Told and closed at once (SIGTERM with no grace): done before this returns, so the
+            // releases are on the process tracker before shutdown waits for it.
+            tell(s, 0);
+            forced_close(cell, s);
+            continue;
+        }
         let cell = cell.clone();
         let s = s.clone();
         tokio::spawn(async move {

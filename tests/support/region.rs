@@ -402,6 +402,10 @@ pub struct HostPlan {
     /// Pair a phone (once per activation) as soon as this flag is set: the host is idle until
     /// then and never idle after.
     pub splice_on: Option<Arc<AtomicBool>>,
+    /// On a cell's `drain` frame, close the control at once and re-resolve through the director
+    /// (director.md §6.1: told hosts re-ask `/v1/assign`); otherwise hold it until the cell
+    /// closes it at the drain grace.
+    pub leave_on_drain: bool,
 }
 
 /// One activation.
@@ -428,6 +432,10 @@ pub struct HostStats {
     pub splices: u32,
     /// When the first splice was paired.
     pub first_splice_at: Option<Instant>,
+    /// When (wall clock, epoch ms) the host's control on a cell (by URL) last ended (the host
+    /// left or the cell closed it), and when one was last activated there.
+    pub left: BTreeMap<String, i64>,
+    pub joined: BTreeMap<String, i64>,
 }
 
 impl HostStats {
@@ -447,6 +455,13 @@ impl HostStats {
     pub fn down_now(&self) -> Option<Duration> {
         self.down_since.map(|s| s.elapsed())
     }
+}
+
+/// Wall-clock epoch ms (comparable with the database server's clock on this machine).
+pub fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 fn refuse(stats: &Mutex<HostStats>, cause: String) {
@@ -577,6 +592,7 @@ pub async fn run_host(
                 epoch: grant.1,
             });
             s.connected = true;
+            s.joined.insert(grant.0.clone(), wall_ms());
         }
         let mut held: Vec<tokio::task::JoinHandle<()>> = Vec::new();
         if let Some(m) = plan
@@ -645,6 +661,10 @@ pub async fn run_host(
                 }
             }
             match control.recv(Duration::from_millis(250)).await {
+                Ok(v) if plan.leave_on_drain && v["type"] == "drain" => {
+                    let _ = control.ws.close(None).await;
+                    break;
+                }
                 Ok(_) => {}
                 Err((0, reason)) if reason == "timeout" => {}
                 Err(_) => break,
@@ -656,6 +676,7 @@ pub async fn run_host(
         let mut s = stats.lock().unwrap();
         s.connected = false;
         s.down_since = Some(Instant::now());
+        s.left.insert(grant.0.clone(), wall_ms());
     }
 }
 
