@@ -367,7 +367,7 @@ mod tests {
             let tx = std::sync::Mutex::new(Some(tx));
             let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
                 let on = hyper::upgrade::on(&mut req);
-                let tx = tx.lock().unwrap().take();
+                let tx = crate::sync::lock(&tx).take();
                 async move {
                     tokio::spawn(async move {
                         let upgraded = on.await.unwrap();
