@@ -5,8 +5,10 @@
 //! ```text
 //! cargo build --release --bin orca-relay --example idle_bench
 //! target/release/examples/idle_bench --bin target/release/orca-relay --pairs 9000 \
-//!     [--base-bin /path/to/old/orca-relay] [--env MALLOC_ARENA_MAX=2]
+//!     [--base-bin /path/to/old/orca-relay] [--env MALLOC_ARENA_MAX=2] [--hold SECS]
 //! ```
+//! `--hold` keeps each run's idle pairs open that many seconds after its figure is printed (for a
+//! heap profiler attached to the server: its live allocations are then the idle state).
 //! The open-file soft limit is raised to the hard limit (each pair is two sockets on both sides).
 
 #[path = "../tests/support/idle.rs"]
@@ -21,6 +23,7 @@ async fn main() {
     let mut pairs = 9_000usize;
     let mut per_host = 8usize;
     let mut envs = Vec::new();
+    let mut hold = 0u64;
     let mut i = 0;
     while i + 1 < argv.len() {
         let v = argv[i + 1].clone();
@@ -28,6 +31,7 @@ async fn main() {
             "--bin" => bins[0].1 = v,
             "--base-bin" => bins.push(("base", v)),
             "--pairs" => pairs = v.parse().expect("--pairs"),
+            "--hold" => hold = v.parse().expect("--hold"),
             "--phones-per-host" => per_host = v.parse().expect("--phones-per-host"),
             "--env" => {
                 let (k, val) = v.split_once('=').expect("--env K=V");
@@ -55,6 +59,13 @@ async fn main() {
         });
         eprintln!("{name}: {r}");
         out.insert(name.into(), r);
+        if hold > 0 {
+            eprintln!(
+                "{name}: holding {hold} s (server pid {})",
+                server.child.id()
+            );
+            tokio::time::sleep(std::time::Duration::from_secs(hold)).await;
+        }
         drop(conns);
         drop(server);
     }

@@ -1,23 +1,31 @@
 //! The host control leg: handshake (§3), activation (§3.5), the control loop and its 15 s tick
 //! (§4), `auth-refresh` (§4.3), orphan grace (§4.5).
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{SinkExt, Stream};
 use rand::Rng;
 use serde_json::{json, Value};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::mpsc;
-use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::WebSocketStream;
 
 use super::frames::{self, Split};
 use super::session::{ControlOut, ControlRef, Inner, Session, State};
+use super::splice::IdleSweep;
 use super::{Cell, ConnGuard};
 use crate::clock::now_ms;
 use crate::contract::close::{self, reason};
 use crate::contract::limits;
 use crate::crypto::{self, HostBinding, HostClaims};
-use crate::leg::ws::{self, First, Leg, Ws};
+use crate::leg::boundary::MessageBoundary;
+use crate::leg::preauth_io::PreAuthIo;
+use crate::leg::ws::{self, First, Leg, LegIo, Ws};
 use crate::logging;
 use crate::store::assignments::{self as store, ActivateControl, HostKey, RenewalOutcome};
 use crate::store::credentials as creds;
@@ -96,7 +104,7 @@ pub async fn run(
     cell.counts
         .controls
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let host_reason = control_loop(&cell, &mut ws, &session, sock_id, rx).await;
+    let host_reason = control_loop(&cell, ws, &session, sock_id, rx).await;
     cell.counts
         .controls
         .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
@@ -484,9 +492,109 @@ fn control_error(req_id: Option<&str>, code: &str) -> Value {
 }
 
 /// Returns the host's close reason if the host closed the socket.
+/// The control socket while its loop runs. A control is idle most of the time (a ping every 15 s
+/// and its pong), so like an idle splice (see `cell::splice`) it gives its codec back after a
+/// quiet sweep round: tungstenite's read buffer, out buffer and waker proxies are freed and only
+/// the raw stream stays, until a byte arrives or something must be sent. Only done at a message
+/// boundary with everything flushed, so the rebuilt codec is indistinguishable on the wire.
+struct Sock {
+    /// `None` while parked (or once the raw stream failed to rebuild). Boxed: the control task's
+    /// future keeps a pointer, not the codec, while parked.
+    ws: Option<Box<Ws>>,
+    parked: Option<PreAuthIo<LegIo>>,
+}
+
+/// What the control's socket produced.
+enum In {
+    Msg(Option<Result<Message, WsError>>),
+    /// The first bytes a parked socket read (`None`: it closed or failed).
+    Woke(Option<Vec<u8>>),
+    /// Nothing to read, and no activity for two sweep rounds: time to park.
+    Quiet,
+}
+
+impl Sock {
+    /// The codec, rebuilt (from `early`, the bytes that woke it) if parked. Called from loop
+    /// bodies only, never from a `select!` branch, so the rebuild is never cancelled half-way.
+    async fn live(&mut self, early: Vec<u8>) -> Option<&mut Ws> {
+        if let Some(io) = self.parked.take() {
+            let cfg = ws::config(Leg::Control);
+            // Boxed: the rebuild's future is not part of the control task's resident state.
+            let rebuilt = Box::pin(WebSocketStream::from_partially_read(
+                io,
+                early,
+                Role::Server,
+                Some(cfg),
+            ))
+            .await;
+            self.ws = Some(Box::new(rebuilt));
+        }
+        self.ws.as_deref_mut()
+    }
+
+    /// Takes the codec apart (the caller checked it is quiet and flushed).
+    fn park(&mut self) {
+        if let Some(ws) = self.ws.take() {
+            let ws: Ws = *ws;
+            let mut io = ws.into_inner();
+            io.shed_preauth();
+            self.parked = Some(io);
+        }
+    }
+
+    /// The next message, a parked socket's first bytes, or [`In::Quiet`] once the live codec had
+    /// nothing to read (checked in the same poll, so no complete message can be buffered) and
+    /// two sweep rounds passed since round `since`. Cancel-safe: whatever a poll read completes
+    /// the branch that owns it.
+    async fn next(&mut self, sweep: &IdleSweep, since: u64, registered: &mut Option<u64>) -> In {
+        std::future::poll_fn(|cx| {
+            if let Some(ws) = self.ws.as_deref_mut() {
+                return match Pin::new(ws).poll_next(cx) {
+                    Poll::Ready(m) => Poll::Ready(In::Msg(m)),
+                    Poll::Pending => sweep
+                        .poll_rounds(cx, since, 2, registered)
+                        .map(|()| In::Quiet),
+                };
+            }
+            let Some(io) = self.parked.as_mut() else {
+                return Poll::Ready(In::Woke(None));
+            };
+            let mut buf = [0u8; ws::READ_BUFFER];
+            let mut rb = ReadBuf::new(&mut buf);
+            match Pin::new(io).poll_read(cx, &mut rb) {
+                Poll::Ready(Ok(())) if !rb.filled().is_empty() => {
+                    Poll::Ready(In::Woke(Some(rb.filled().to_vec())))
+                }
+                Poll::Ready(_) => Poll::Ready(In::Woke(None)),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await
+    }
+}
+
+/// Sends `m` on the control (rebuilding a parked codec first); false once the socket failed.
+async fn send(sock: &mut Sock, m: Message) -> bool {
+    match sock.live(Vec::new()).await {
+        Some(ws) => ws.send(m).await.is_ok(),
+        None => false,
+    }
+}
+
+/// Closes the control with `code` / `r` (rebuilding a parked codec first). Boxed: the close
+/// handshake's futures are not part of the control task's resident state.
+async fn close_control(cell: &Cell, sock: &mut Sock, code: u16, r: &'static str) {
+    Box::pin(async move {
+        if let Some(ws) = sock.live(Vec::new()).await {
+            cell.close_leg(Leg::Control, ws, code, r).await;
+        }
+    })
+    .await
+}
+
 async fn control_loop(
     cell: &Arc<Cell>,
-    ws: &mut Ws,
+    ws: Ws,
     session: &Arc<Session>,
     sock_id: u64,
     mut rx: mpsc::Receiver<ControlOut>,
@@ -496,6 +604,14 @@ async fn control_loop(
     let (cmds, mut replies) = Commands::new();
     // A command that found every slot busy: the socket is not read until it starts.
     let mut waiting: Option<Command> = None;
+    let mut sock = Sock {
+        ws: Some(Box::new(ws)),
+        parked: None,
+    };
+    let sweep = &cell.sweep;
+    // The sweep round of the last activity, and the round the sweep has this task's waker for.
+    let mut active_round = sweep.round();
+    let mut registered = None;
     loop {
         tokio::select! {
             permit = cmds.slot(), if waiting.is_some() => {
@@ -505,50 +621,72 @@ async fn control_loop(
             }
             reply = replies.recv() => {
                 if let Some((frame, _permit)) = reply {
-                    if ws.send(Message::text(frame.to_string())).await.is_err() {
+                    if !send(&mut sock, Message::text(frame.to_string())).await {
                         return None;
                     }
                 }
             }
-            m = ws.next(), if waiting.is_none() => match m {
-                Some(Ok(Message::Text(t))) => {
+            m = sock.next(sweep, active_round, &mut registered), if waiting.is_none() => match m {
+                In::Quiet => {
+                    // Flush what the codec may still owe (a pong), and park unless a partial
+                    // message is buffered.
+                    let Some(ws) = sock.ws.as_deref_mut() else { continue };
+                    if ws.flush().await.is_err() {
+                        return None;
+                    }
+                    if ws.get_ref().at_message_boundary() {
+                        sock.park();
+                        cell.counts
+                            .control_parks
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+                In::Woke(Some(early)) => {
+                    // The rebuilt codec parses these bytes on the next turn of the loop.
+                    sock.live(early).await?;
+                }
+                In::Woke(None) => return None,
+                In::Msg(Some(Ok(Message::Text(t)))) => {
                     let text = on_text(cell, session, sock_id, t.as_str(), &cmds, &mut waiting);
                     if let Err((code, r)) = Box::pin(text).await {
-                        cell.close_leg(Leg::Control, ws, code, r).await;
+                        close_control(cell, &mut sock, code, r).await;
                         return None;
                     }
                 }
-                Some(Ok(Message::Close(frame))) => {
+                In::Msg(Some(Ok(Message::Close(frame)))) => {
                     let r = frame.map(|f| f.reason.as_str().to_owned());
-                    let _ = ws.close(None).await;
+                    if let Some(ws) = sock.ws.as_deref_mut() {
+                        let _ = ws.close(None).await;
+                    }
                     return r;
                 }
-                Some(Ok(_)) => {}
-                Some(Err(tokio_tungstenite::tungstenite::Error::Capacity(_))) => {
-                    cell.close_leg(Leg::Control, ws, close::MESSAGE_TOO_BIG, "message too big").await;
+                In::Msg(Some(Ok(_))) => {}
+                In::Msg(Some(Err(WsError::Capacity(_)))) => {
+                    close_control(cell, &mut sock, close::MESSAGE_TOO_BIG, "message too big").await;
                     return None;
                 }
-                Some(Err(_)) | None => return None,
+                In::Msg(Some(Err(_)) | None) => return None,
             },
             out = rx.recv() => match out {
                 Some(ControlOut::Frame(f)) => {
-                    if ws.send(Message::text(f)).await.is_err() {
+                    if !send(&mut sock, Message::text(f)).await {
                         return None;
                     }
                 }
                 Some(ControlOut::Close(code, r)) => {
-                    cell.close_leg(Leg::Control, ws, code, r).await;
+                    close_control(cell, &mut sock, code, r).await;
                     return None;
                 }
                 None => return None,
             },
             _ = ticker.tick() => {
                 if let Some((code, r)) = on_tick(cell, session, sock_id) {
-                    cell.close_leg(Leg::Control, ws, code, r).await;
+                    close_control(cell, &mut sock, code, r).await;
                     return None;
                 }
             }
         }
+        active_round = sweep.round();
     }
 }
 
@@ -937,8 +1075,10 @@ pub(crate) struct Commands {
     replies: mpsc::Sender<Reply>,
 }
 
-/// A command's reply with the permit it frees once sent.
-pub(crate) type Reply = (Value, tokio::sync::OwnedSemaphorePermit);
+/// A command's reply with the permit it frees once sent. The reply is boxed: tokio's channel
+/// allocates its slots in blocks of 32 up front, so each idle control holds 32 of these (24 bytes
+/// each, not the 96 of an inline `Value` and permit).
+pub(crate) type Reply = (Box<Value>, tokio::sync::OwnedSemaphorePermit);
 
 impl Commands {
     pub(crate) fn new() -> (Commands, mpsc::Receiver<Reply>) {
@@ -966,7 +1106,7 @@ impl Commands {
             let reply = work.await;
             // Never full: queued replies plus running commands ≤ permits = capacity. An error
             // means the socket is gone, and with it whoever could read the reply.
-            let _ = replies.try_send((reply, permit));
+            let _ = replies.try_send((Box::new(reply), permit));
         });
     }
 }

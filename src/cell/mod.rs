@@ -78,6 +78,8 @@ pub struct Counts {
     /// Control activities whose re-acquire failed (§4.4): the safety object's
     /// `controlActivityRecoveryFailures`.
     pub recovery_failures: AtomicI64,
+    /// Times an idle control socket gave its codec back (see `control::control_loop`).
+    pub control_parks: AtomicI64,
 }
 
 impl Counts {

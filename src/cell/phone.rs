@@ -480,7 +480,7 @@ async fn attach(
         guard,
     } = leg;
     let db = &cell.ctx.db;
-    let splice_activity = format!("splice:{conn_id}");
+    let splice_activity = splice_activity_id(&conn_id);
     let now = now_ms();
     let (generation, drain_sent) = {
         let st = session.lock();
@@ -616,26 +616,29 @@ async fn attach(
         guard,
         kill_rx,
         session: session.clone(),
-        key: key.clone(),
         conn_id,
-        splice_activity,
         credential_activity,
         stash: if sent { stash } else { None },
         phone_gone: !sent,
     })
 }
 
+/// The activity id of the splice of `conn_id`.
+fn splice_activity_id(conn_id: &str) -> String {
+    format!("splice:{conn_id}")
+}
+
 /// Everything a running splice owns. It runs in a task of its own so the (larger) admission
 /// future of the phone task is freed: an idle splice costs its two sockets and little more. The
 /// sockets are boxed so the splice task stays small while they are parked (see [`splice::run`]).
+/// What an idle splice keeps is kept once: the host key is the session's (`session.key`), and the
+/// splice activity id is derived from the connection id at teardown.
 pub struct SpliceJob {
     host: Box<Ws>,
     guard: ConnGuard,
     kill_rx: oneshot::Receiver<(u16, &'static str)>,
     session: Arc<Session>,
-    key: HostKey,
     conn_id: String,
-    splice_activity: String,
     credential_activity: Option<String>,
     stash: Option<Message>,
     phone_gone: bool,
@@ -653,9 +656,7 @@ pub async fn run_splice(
         guard,
         mut kill_rx,
         session,
-        key,
         conn_id,
-        splice_activity,
         credential_activity,
         stash,
         phone_gone,
@@ -689,8 +690,9 @@ pub async fn run_splice(
         let (end, _stats, p, h) = splice::run(
             phone,
             host,
+            (ws::config_ref(Leg::Phone), ws::config_ref(Leg::Data)),
             &mut kill_rx,
-            cell.splice_limits,
+            &cell.splice_limits,
             &cell.budget,
             &cell.sweep,
             &meter,
@@ -706,9 +708,9 @@ pub async fn run_splice(
         let bookkeeping = async {
             session.lock().active.remove(&conn_id);
             let _ = creds::deactivate_basis(&cell.ctx.db, &conn_id).await;
-            cell.release_activity(&key, splice_activity);
+            cell.release_activity(&session.key, splice_activity_id(&conn_id));
             if let Some(a) = credential_activity {
-                cell.release_activity(&key, a);
+                cell.release_activity(&session.key, a);
             }
         };
         let ((pc, _), (hc, _)) = end.closes();
@@ -721,7 +723,7 @@ pub async fn run_splice(
             let ((pc, pr), _) = end.closes();
             logging::event_warn(
                 "orca_relay_splice_closed",
-                json!({"host": logging::digest(&key.relay_host_id), "code": pc, "reason": pr}),
+                json!({"host": logging::digest(&session.key.relay_host_id), "code": pc, "reason": pr}),
             );
         }
         drop((guard, phone_guard));

@@ -158,22 +158,6 @@ pub struct Stats {
     pub parks: u64,
 }
 
-impl Stats {
-    fn frames(&self) -> u64 {
-        self.frames_to_host + self.frames_to_phone
-    }
-    fn minus(&self, o: &Stats) -> Stats {
-        Stats {
-            frames_to_host: self.frames_to_host - o.frames_to_host,
-            frames_to_phone: self.frames_to_phone - o.frames_to_phone,
-            bytes_to_host: self.bytes_to_host - o.bytes_to_host,
-            bytes_to_phone: self.bytes_to_phone - o.bytes_to_phone,
-            polls: 0,
-            parks: 0,
-        }
-    }
-}
-
 /// A live splice folds its counts into the meter at least every [`FOLD_INTERVAL`] while frames
 /// move, after [`FOLD_FRAMES`] frames, and once at its end: an hour-long splice shows a rate
 /// on `/metrics`, and a busy one costs one meter call per 256 frames.
@@ -190,8 +174,6 @@ struct Dir {
     /// The source answered a ping: its own writer holds a pong to flush.
     src_pong: bool,
     overflow_since: Option<Instant>,
-    frames: u64,
-    bytes: u64,
     /// The last pump found the source empty and left nothing queued, unflushed or owed.
     quiet: bool,
 }
@@ -204,13 +186,23 @@ fn payload_len(m: &Message) -> usize {
     }
 }
 
+/// Frames and payload bytes one direction has moved (kept while the splice is parked).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Count {
+    frames: u64,
+    bytes: u64,
+}
+
 /// Max frames moved per direction per poll before yielding to other tasks.
 const BATCH: usize = 64;
 
 impl Dir {
-    /// Moves frames `src` → `dst`. `Ready(end)` ends the splice; `Pending` means waiting on I/O.
+    /// Moves frames `src` → `dst`, counting them in `count`. `Ready(end)` ends the splice;
+    /// `Pending` means waiting on I/O.
+    #[allow(clippy::too_many_arguments)]
     fn pump<S>(
         &mut self,
+        count: &mut Count,
         cx: &mut Context<'_>,
         src: &mut WebSocketStream<S>,
         dst: &mut WebSocketStream<S>,
@@ -279,8 +271,8 @@ impl Dir {
                         Message::Pong(_) | Message::Frame(_) => continue,
                     };
                     moved += 1;
-                    self.frames += 1;
-                    self.bytes += n as u64;
+                    count.frames += 1;
+                    count.bytes += n as u64;
                     if self.backlog <= limits.high_water {
                         match Pin::new(&mut *dst).poll_ready(cx) {
                             Poll::Ready(Ok(())) => {
@@ -392,6 +384,24 @@ impl IdleSweep {
             w.wake();
         }
     }
+    /// Ready once `rounds` rounds have started since round `since`; until then the task's waker is
+    /// registered for the next round, at most once per round (`registered` remembers which).
+    pub fn poll_rounds(
+        &self,
+        cx: &mut Context<'_>,
+        since: u64,
+        rounds: u64,
+        registered: &mut Option<u64>,
+    ) -> Poll<()> {
+        let round = self.round();
+        if round >= since + rounds {
+            return Poll::Ready(());
+        }
+        if *registered != Some(round) {
+            *registered = Some(self.register(cx.waker()));
+        }
+        Poll::Pending
+    }
     /// Splices waiting for the next round.
     pub fn waiting(&self) -> usize {
         crate::sync::lock(&self.waiting).len()
@@ -415,24 +425,34 @@ enum Woke {
 /// Bytes a parked socket reads on wake-up, on the poll's stack (not kept in the splice).
 const PARKED_READ: usize = crate::leg::ws::READ_BUFFER;
 
-/// The splice's state that outlives the live/parked phases (a few hundred bytes, inline in its
-/// task: the sockets themselves are the caller's boxes, or raw streams while parked).
-struct Splice {
+/// What only a live splice needs: both directions' queues, its timers and its sweep bookkeeping.
+/// Boxed per live phase and freed when the splice parks (a parked splice has nothing queued, no
+/// timer armed and is on no sweep list, so a fresh one is all the next live phase needs).
+#[derive(Default)]
+struct Live {
     up: Dir,   // phone → host
     down: Dir, // host → phone
-    kill_live: bool,
     up_first: bool,
     timer: Option<Pin<Box<Sleep>>>,
-    /// What the meter has been given, when, and the (one, reused) timer for a trailing fold.
-    folded: Stats,
-    folded_at: Instant,
+    /// The (one, reused) timer for a trailing fold.
     fold_timer: Option<Pin<Box<Sleep>>>,
-    polls: u64,
-    parks: u64,
     /// (sweep round, frames moved) when the splice was last seen quiet with that frame count.
     quiet: Option<(u64, u64)>,
     /// The sweep round this splice's waker is registered for.
     registered: Option<u64>,
+}
+
+/// The splice's state that outlives the live/parked phases (about a hundred bytes, inline in its
+/// task): the counts, what the meter has been given, and the kill switch's liveness.
+struct Splice {
+    up: Count,   // phone → host
+    down: Count, // host → phone
+    /// What the meter has been given (up, down), and when.
+    folded: (Count, Count),
+    folded_at: Instant,
+    kill_live: bool,
+    polls: u64,
+    parks: u64,
 }
 
 impl Splice {
@@ -447,12 +467,23 @@ impl Splice {
         }
     }
 
+    fn frames(&self) -> u64 {
+        self.up.frames + self.down.frames
+    }
+
     fn fold(&mut self, meter: &(dyn Fn(Stats) + Sync), now: Instant) {
-        let total = self.stats();
-        if total != self.folded {
-            meter(total.minus(&self.folded));
+        let (up, down) = self.folded;
+        if (up, down) != (self.up, self.down) {
+            meter(Stats {
+                frames_to_host: self.up.frames - up.frames,
+                frames_to_phone: self.down.frames - down.frames,
+                bytes_to_host: self.up.bytes - up.bytes,
+                bytes_to_phone: self.down.bytes - down.bytes,
+                polls: 0,
+                parks: 0,
+            });
         }
-        self.folded = total;
+        self.folded = (self.up, self.down);
         self.folded_at = now;
     }
 
@@ -476,6 +507,7 @@ impl Splice {
     #[allow(clippy::too_many_arguments)]
     fn poll_live<S>(
         &mut self,
+        live: &mut Live,
         cx: &mut Context<'_>,
         phone: &mut WebSocketStream<S>,
         host: &mut WebSocketStream<S>,
@@ -494,20 +526,22 @@ impl Splice {
         }
         // Alternate which direction goes first: the runtime's cooperative budget is shared by
         // both, and a fixed order lets a busy first direction starve the second.
-        self.up_first = !self.up_first;
+        live.up_first = !live.up_first;
         for leg in 0..2 {
-            let r = if (leg == 0) == self.up_first {
-                self.up.pump(cx, phone, host, Side::Phone, limits, budget)
+            let r = if (leg == 0) == live.up_first {
+                live.up
+                    .pump(&mut self.up, cx, phone, host, Side::Phone, limits, budget)
             } else {
-                self.down.pump(cx, host, phone, Side::Host, limits, budget)
+                live.down
+                    .pump(&mut self.down, cx, host, phone, Side::Host, limits, budget)
             };
             if let Poll::Ready(end) = r {
                 return Poll::Ready(Step::End(end));
             }
         }
-        let frames = self.up.frames + self.down.frames;
+        let frames = self.frames();
         // Fold the counts into the meter now and then (never per frame).
-        let unfolded = frames - self.folded.frames();
+        let unfolded = frames - (self.folded.0.frames + self.folded.1.frames);
         if unfolded > 0 {
             let now = Instant::now();
             if unfolded >= FOLD_FRAMES || now.duration_since(self.folded_at) >= FOLD_INTERVAL {
@@ -515,7 +549,7 @@ impl Splice {
             } else {
                 // A burst then silence: fold the rest when the interval is up.
                 let at = self.folded_at + FOLD_INTERVAL;
-                let t = self
+                let t = live
                     .fold_timer
                     .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
                 t.as_mut().reset(at);
@@ -527,7 +561,7 @@ impl Splice {
         // The wedge deadline, only while something overflows. No periodic re-check: every path
         // that leaves overflow queued ends on a `Pending` from the target writer, which registered
         // this task's waker, so room in the writer wakes the splice by itself.
-        let since = match (self.up.overflow_since, self.down.overflow_since) {
+        let since = match (live.up.overflow_since, live.down.overflow_since) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
@@ -536,7 +570,7 @@ impl Splice {
             if Instant::now() >= deadline {
                 return Poll::Ready(Step::End(End::Wedged));
             }
-            let t = self
+            let t = live
                 .timer
                 .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
             if t.deadline() != deadline {
@@ -549,24 +583,24 @@ impl Splice {
         }
         // Quiet: both sources empty, everything flushed, and neither codec holds a partial
         // message (every byte read so far ended a message).
-        let quiet = self.up.quiet
-            && self.down.quiet
+        let quiet = live.up.quiet
+            && live.down.quiet
             && phone.get_ref().at_message_boundary()
             && host.get_ref().at_message_boundary();
         if !quiet {
             return Poll::Pending;
         }
         let round = sweep.round();
-        match self.quiet {
+        match live.quiet {
             Some((r, f)) if f == frames && round >= r + 2 => {
                 self.fold(meter, Instant::now());
                 return Poll::Ready(Step::Park);
             }
             Some((_, f)) if f == frames => {}
-            _ => self.quiet = Some((round, frames)),
+            _ => live.quiet = Some((round, frames)),
         }
-        if self.registered != Some(round) {
-            self.registered = Some(sweep.register(cx.waker()));
+        if live.registered != Some(round) {
+            live.registered = Some(sweep.register(cx.waker()));
         }
         Poll::Pending
     }
@@ -601,6 +635,19 @@ impl Splice {
     }
 }
 
+/// Takes a socket's codec apart: its boxed state is freed and the raw stream (without its
+/// pre-auth budget) returned.
+// Takes the box on purpose: consuming it is what frees its allocation.
+#[allow(clippy::boxed_local)]
+fn take_apart<S: MessageBoundary>(ws: Box<WebSocketStream<S>>) -> S {
+    // Moving the stream out of the box consumes the box here, so its allocation is freed now
+    // (moving out of `*ws` in place would keep it until the variable is reassigned).
+    let ws: WebSocketStream<S> = *ws;
+    let mut io = ws.into_inner();
+    io.shed_preauth();
+    io
+}
+
 /// Rebuilds a parked socket's codec (server role: the splice only runs on the relay's side),
 /// starting from the bytes that woke it.
 async fn unpark<S>(io: S, cfg: WebSocketConfig, part: Vec<u8>) -> Box<WebSocketStream<S>>
@@ -615,16 +662,20 @@ where
 ///
 /// Idle parking: a splice quiet for a sweep round (see [`IdleSweep`]) gives its codec state back.
 /// Both WebSocket codecs are taken apart into their raw streams (tungstenite's read buffer, out
-/// buffer and waker proxies are freed, and so are the boxes holding them), and the splice waits for
-/// a byte on either stream or the kill switch; then both codecs are rebuilt, the first bytes handed
-/// to the one that woke. Only done when neither codec can hold a partial message
-/// ([`MessageBoundary`]), nothing is queued or unflushed, and no pong is owed, so the rebuilt codecs
-/// are indistinguishable from the old ones on the wire.
+/// buffer and waker proxies are freed, and so are the boxes holding them), and so is the live
+/// phase's own state ([`Live`]); the splice waits for a byte on either stream or the kill switch,
+/// then both codecs are rebuilt, the first bytes handed to the one that woke. Only done when
+/// neither codec can hold a partial message ([`MessageBoundary`]), nothing is queued or unflushed,
+/// and no pong is owed, so the rebuilt codecs are indistinguishable from the old ones on the wire.
+/// While parked, the task holds the two raw streams, [`Splice`] and this function's arguments;
+/// `cfgs` are the (phone, host) sockets' configurations, used to rebuild them.
+#[allow(clippy::too_many_arguments)]
 pub async fn run<S>(
     mut phone: Box<WebSocketStream<S>>,
     mut host: Box<WebSocketStream<S>>,
+    cfgs: (&WebSocketConfig, &WebSocketConfig),
     kill: &mut oneshot::Receiver<(u16, &'static str)>,
-    limits: Limits,
+    limits: &Limits,
     budget: &Budget,
     sweep: &IdleSweep,
     meter: &(dyn Fn(Stats) + Sync),
@@ -633,54 +684,44 @@ where
     S: AsyncRead + AsyncWrite + Unpin + MessageBoundary,
 {
     let mut sp = Splice {
-        up: Dir::default(),
-        down: Dir::default(),
-        kill_live: true,
-        up_first: false,
-        timer: None,
-        folded: Stats::default(),
+        up: Count::default(),
+        down: Count::default(),
+        folded: Default::default(),
         folded_at: Instant::now(),
-        fold_timer: None,
+        kill_live: true,
         polls: 0,
         parks: 0,
-        quiet: None,
-        registered: None,
     };
     let end = loop {
+        let mut live = Box::<Live>::default();
         let step = poll_fn(|cx| {
             sp.poll_live(
-                cx, &mut phone, &mut host, kill, &limits, budget, sweep, meter,
+                &mut live, cx, &mut phone, &mut host, kill, limits, budget, sweep, meter,
             )
         })
         .await;
-        match step {
-            Step::End(end) => break end,
-            Step::Park => {
-                sp.parks += 1;
-                sp.quiet = None;
-                sp.registered = None;
-                sp.timer = None;
-                sp.fold_timer = None;
-                let (pcfg, hcfg) = (*phone.get_config(), *host.get_config());
-                let (mut p, mut h) = ((*phone).into_inner(), (*host).into_inner());
-                p.shed_preauth();
-                h.shed_preauth();
-                let woke = poll_fn(|cx| sp.poll_parked(cx, &mut p, &mut h, kill)).await;
-                let (pb, hb, end) = match woke {
-                    Woke::Bytes(Side::Phone, b) => (b, Vec::new(), None),
-                    Woke::Bytes(Side::Host, b) => (Vec::new(), b, None),
-                    Woke::End(e) => (Vec::new(), Vec::new(), Some(e)),
-                };
-                phone = unpark(p, pcfg, pb).await;
-                host = unpark(h, hcfg, hb).await;
-                if let Some(end) = end {
-                    break end;
-                }
-            }
+        live.up.release(budget);
+        live.down.release(budget);
+        drop(live);
+        if let Step::End(end) = step {
+            break end;
+        }
+        sp.parks += 1;
+        let (mut p, mut h) = (take_apart(phone), take_apart(host));
+        let woke = poll_fn(|cx| sp.poll_parked(cx, &mut p, &mut h, kill)).await;
+        let (pb, hb, end) = match woke {
+            Woke::Bytes(Side::Phone, b) => (b, Vec::new(), None),
+            Woke::Bytes(Side::Host, b) => (Vec::new(), b, None),
+            Woke::End(e) => (Vec::new(), Vec::new(), Some(e)),
+        };
+        // Boxed: the rebuild's futures are not part of the parked task's resident state.
+        (phone, host) =
+            Box::pin(async move { (unpark(p, *cfgs.0, pb).await, unpark(h, *cfgs.1, hb).await) })
+                .await;
+        if let Some(end) = end {
+            break end;
         }
     };
-    sp.up.release(budget);
-    sp.down.release(budget);
     sp.fold(meter, Instant::now());
     let mut total = sp.stats();
     total.polls = sp.polls;
@@ -715,13 +756,20 @@ mod tests {
     /// The client's end.
     type W = WebSocketStream<DuplexStream>;
 
-    async fn pair(buf: usize, max: usize) -> (Box<R>, W) {
-        let (a, b) = tokio::io::duplex(buf);
-        let cfg = WebSocketConfig::default()
+    /// The relay side's socket configuration in these tests (1 MiB messages).
+    static CFG: std::sync::LazyLock<WebSocketConfig> = std::sync::LazyLock::new(|| config(1 << 20));
+
+    fn config(max: usize) -> WebSocketConfig {
+        WebSocketConfig::default()
             .read_buffer_size(4096)
             .write_buffer_size(32 * 1024)
             .max_message_size(Some(max))
-            .max_frame_size(Some(max));
+            .max_frame_size(Some(max))
+    }
+
+    async fn pair(buf: usize, max: usize) -> (Box<R>, W) {
+        let (a, b) = tokio::io::duplex(buf);
+        let cfg = config(max);
         let io = PreAuthIo::new(a);
         io.lift();
         let server = WebSocketStream::from_raw_socket(io, Role::Server, Some(cfg)).await;
@@ -747,8 +795,17 @@ mod tests {
         let (sh, host) = pair(buf, 1 << 20).await;
         let (tx, mut rx) = oneshot::channel();
         let task = tokio::spawn(async move {
-            let (end, stats, mut sp, mut sh) =
-                run(sp, sh, &mut rx, limits, &budget, &sweep, &|_| {}).await;
+            let (end, stats, mut sp, mut sh) = run(
+                sp,
+                sh,
+                (&CFG, &CFG),
+                &mut rx,
+                &limits,
+                &budget,
+                &sweep,
+                &|_| {},
+            )
+            .await;
             close_pair(&mut sp, &mut sh, &end).await;
             (end, stats)
         });
@@ -785,8 +842,17 @@ mod tests {
             };
             let b = Budget::default();
             let sweep = IdleSweep::default();
-            let (end, stats, _, _) =
-                run(sp, sh, &mut rx, Limits::default(), &b, &sweep, &meter).await;
+            let (end, stats, _, _) = run(
+                sp,
+                sh,
+                (&CFG, &CFG),
+                &mut rx,
+                &Limits::default(),
+                &b,
+                &sweep,
+                &meter,
+            )
+            .await;
             (end, stats)
         });
         for _ in 0..3 {
@@ -1124,6 +1190,27 @@ mod tests {
         r.phone.close(None).await.unwrap();
         let (_, stats) = r.task.await.unwrap();
         assert_eq!(stats.parks, 0);
+    }
+
+    /// An idle splice's resident state is its task's future, and `run` is most of it: its
+    /// parked phase holds the two raw streams and the small [`Splice`]; the live phase's state is
+    /// boxed and the codecs are boxed by the caller. Sizes printed for the breakdown in the README.
+    #[tokio::test]
+    async fn run_future_stays_small() {
+        let (sp, _phone) = pair(1024, 1024).await;
+        let (sh, _host) = pair(1024, 1024).await;
+        let (_tx, mut rx) = oneshot::channel::<(u16, &'static str)>();
+        let (b, sweep, limits) = (Budget::default(), IdleSweep::default(), Limits::default());
+        let fut = run(sp, sh, (&CFG, &CFG), &mut rx, &limits, &b, &sweep, &|_| {});
+        let size = std::mem::size_of_val(&fut);
+        let io = std::mem::size_of::<PreAuthIo<DuplexStream>>();
+        eprintln!(
+            "splice::run future {size} B (socket io {io} B, Splice {} B, Live {} B boxed)",
+            std::mem::size_of::<Splice>(),
+            std::mem::size_of::<Live>()
+        );
+        assert!(size <= 640, "splice::run future is {size} B");
+        drop(fut);
     }
 
     /// A charger that is refused must not make a concurrent charger fail whose real total stays

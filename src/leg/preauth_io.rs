@@ -60,6 +60,20 @@ impl<S> PreAuthIo<S> {
         }
     }
 
+    /// Accounts for `bytes` read before this wrapper existed (hyper's leftover past the upgrade
+    /// request), exactly as if they had been read through it: the frame-boundary tracker follows
+    /// them and they are charged to the budget, which they may spend (then the leg closes 1009).
+    pub fn prefill(&mut self, bytes: &[u8]) {
+        self.boundary.feed(bytes);
+        let Some(b) = &self.budget else { return };
+        let left = b.left.load(Ordering::SeqCst);
+        b.left
+            .store(left.saturating_sub(bytes.len()), Ordering::SeqCst);
+        if bytes.len() > left && !b.exceeded.swap(true, Ordering::SeqCst) {
+            b.notify.notify_waiters();
+        }
+    }
+
     /// After authentication: reads are no longer budgeted (the leg's message limit applies).
     pub fn lift(&self) {
         let Some(b) = &self.budget else { return };

@@ -5,13 +5,19 @@
 //! before each read), so legs are upgraded with hyper and wrapped with an explicit
 //! [`WebSocketConfig`]: a small read buffer keeps idle sockets cheap and reads fast.
 
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use http::{HeaderValue, StatusCode};
 use hyper::body::Incoming;
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::Message;
@@ -22,7 +28,84 @@ use crate::contract::limits;
 use crate::http::Response;
 
 /// A server-side leg socket, read through the pre-auth budget ([`PreAuthIo`]).
-pub type Ws = WebSocketStream<PreAuthIo<TokioIo<Upgraded>>>;
+pub type Ws = WebSocketStream<PreAuthIo<LegIo>>;
+
+/// The stream under a leg socket once hyper hands the upgraded connection over. On plain TCP it
+/// is the accepted `TcpStream` itself: hyper's `Upgraded` is taken apart (its boxed IO and its
+/// read-buffer leftover), so an idle socket holds no heap allocation of its own. Any other
+/// transport (TLS) keeps hyper's upgraded IO, boxed so both variants stay small.
+pub enum LegIo {
+    Tcp(TcpStream),
+    Upgraded(Box<TokioIo<Upgraded>>),
+}
+
+impl LegIo {
+    /// Unwraps `upgraded`; also returns the bytes hyper had already read past the request (a
+    /// client may send its first frame without waiting for the 101), to be handed to the codec.
+    pub fn unwrap(upgraded: Upgraded) -> (LegIo, Bytes) {
+        match upgraded.downcast::<TokioIo<TcpStream>>() {
+            Ok(parts) => (LegIo::Tcp(parts.io.into_inner()), parts.read_buf),
+            Err(upgraded) => (
+                LegIo::Upgraded(Box::new(TokioIo::new(upgraded))),
+                Bytes::new(),
+            ),
+        }
+    }
+}
+
+impl AsyncRead for LegIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            LegIo::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            LegIo::Upgraded(u) => Pin::new(&mut **u).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for LegIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            LegIo::Tcp(s) => Pin::new(s).poll_write(cx, data),
+            LegIo::Upgraded(u) => Pin::new(&mut **u).poll_write(cx, data),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            LegIo::Tcp(s) => Pin::new(s).poll_flush(cx),
+            LegIo::Upgraded(u) => Pin::new(&mut **u).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            LegIo::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            LegIo::Upgraded(u) => Pin::new(&mut **u).poll_shutdown(cx),
+        }
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            LegIo::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            LegIo::Upgraded(u) => Pin::new(&mut **u).poll_write_vectored(cx, bufs),
+        }
+    }
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            LegIo::Tcp(s) => s.is_write_vectored(),
+            LegIo::Upgraded(u) => u.is_write_vectored(),
+        }
+    }
+}
 
 /// Bytes tungstenite reads per `read` call (its buffer is allocated per socket and zero-filled
 /// before every read, so this is both the idle cost and the per-read cost).
@@ -65,6 +148,18 @@ pub fn config(leg: Leg) -> WebSocketConfig {
         .write_buffer_size(WRITE_BUFFER)
         .max_message_size(Some(max))
         .max_frame_size(Some(max))
+}
+
+/// [`config`] of `leg`, built once: a parked splice refers to its sockets' configurations instead
+/// of keeping copies.
+pub fn config_ref(leg: Leg) -> &'static WebSocketConfig {
+    static CONFIGS: std::sync::OnceLock<[WebSocketConfig; 3]> = std::sync::OnceLock::new();
+    let all = CONFIGS.get_or_init(|| [config(Leg::Control), config(Leg::Data), config(Leg::Phone)]);
+    match leg {
+        Leg::Control => &all[0],
+        Leg::Data => &all[1],
+        Leg::Phone => &all[2],
+    }
 }
 
 /// A gate refusal: `HTTP/1.1 <status>`, `Connection: close`, `Content-Length: 0`, plus
@@ -138,14 +233,22 @@ pub fn accept(
     }
     let fut = async move {
         let upgraded = on_upgrade.await.ok()?;
-        Some(
-            WebSocketStream::from_raw_socket(
-                PreAuthIo::new(TokioIo::new(upgraded)),
+        let (io, early) = LegIo::unwrap(upgraded);
+        let mut io = PreAuthIo::new(io);
+        let ws = if early.is_empty() {
+            WebSocketStream::from_raw_socket(io, Role::Server, Some(config(leg))).await
+        } else {
+            // Bytes sent before the 101 count as read through the pre-auth wrapper.
+            io.prefill(&early);
+            WebSocketStream::from_partially_read(
+                io,
+                early.to_vec(),
                 Role::Server,
                 Some(config(leg)),
             )
-            .await,
-        )
+            .await
+        };
+        Some(ws)
     };
     (r, fut)
 }
@@ -245,4 +348,61 @@ where
     tokio::time::timeout(deadline, read)
         .await
         .unwrap_or(First::Timeout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// On plain TCP, hyper's upgraded IO is unwrapped into the accepted `TcpStream`, and bytes the
+    /// client sent right behind its request come back as the leftover, then the socket reads on.
+    #[tokio::test]
+    async fn plain_tcp_upgrade_unwraps_to_the_stream_with_its_leftover() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let tx = std::sync::Mutex::new(Some(tx));
+            let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
+                let on = hyper::upgrade::on(&mut req);
+                let tx = crate::sync::lock(&tx).take();
+                async move {
+                    tokio::spawn(async move {
+                        let upgraded = on.await.unwrap();
+                        let (io, early) = LegIo::unwrap(upgraded);
+                        let _ = tx.unwrap().send((io, early));
+                    });
+                    let mut r = Response::default();
+                    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+                    let h = r.headers_mut();
+                    h.insert(
+                        http::header::CONNECTION,
+                        HeaderValue::from_static("upgrade"),
+                    );
+                    h.insert(http::header::UPGRADE, HeaderValue::from_static("websocket"));
+                    Ok::<_, std::convert::Infallible>(r)
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades()
+                .await;
+        });
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(b"GET /x HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\nearly")
+            .await
+            .unwrap();
+        let (io, early) = rx.await.unwrap();
+        assert_eq!(&early[..], b"early");
+        let LegIo::Tcp(mut stream) = io else {
+            panic!("plain TCP was not unwrapped");
+        };
+        client.write_all(b"later").await.unwrap();
+        let mut got = [0u8; 5];
+        stream.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"later");
+    }
 }

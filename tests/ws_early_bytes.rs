@@ -1,0 +1,132 @@
+//! Bytes a client sends before the 101 (in the same write as its upgrade request): hyper has read
+//! them already, and the leg socket takes them over when it unwraps hyper's upgraded IO into the
+//! raw `TcpStream` (`leg::ws::LegIo`). They must reach the WebSocket codec and count against the
+//! pre-auth budget exactly like bytes read later: a pipelined first frame is answered, a pipelined
+//! framing violation is closed with its code, a pipelined oversized first frame is closed 1009.
+
+#[path = "support/cell/mod.rs"]
+mod support;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+const KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
+
+/// Sends the upgrade request for `path` and `early` in one write; returns the socket after the
+/// 101 (read byte by byte, so nothing after the head is consumed).
+async fn upgrade_with(addr: SocketAddr, path: &str, extra: &str, early: &[u8]) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut req = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: {KEY}\r\n{extra}\r\n"
+    )
+    .into_bytes();
+    req.extend_from_slice(early);
+    s.write_all(&req).await.unwrap();
+    let mut got = Vec::new();
+    let mut b = [0u8; 1];
+    while !got.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut b))
+            .await
+            .expect("answer")
+            .unwrap();
+        assert_eq!(n, 1, "closed: {:?}", String::from_utf8_lossy(&got));
+        got.push(b[0]);
+    }
+    let head = String::from_utf8_lossy(&got);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    s
+}
+
+/// A masked client frame (`first` = FIN/RSV/opcode byte).
+fn frame(first: u8, payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![first];
+    match payload.len() {
+        n if n < 126 => out.push(0x80 | n as u8),
+        n if n < 65536 => {
+            out.push(0x80 | 126);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            out.push(0x80 | 127);
+            out.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    let key = [0x21, 0x43, 0x65, 0x87];
+    out.extend_from_slice(&key);
+    out.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
+    out
+}
+
+/// Every message the relay sends until its close frame: (texts, close code), within `within`.
+async fn until_close(s: TcpStream, within: Duration) -> (Vec<String>, Option<u16>) {
+    let mut ws = WebSocketStream::from_raw_socket(s, Role::Client, None).await;
+    let deadline = Instant::now() + within;
+    let mut texts = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, ws.next()).await {
+            Ok(Some(Ok(Message::Text(t)))) => texts.push(t.as_str().to_owned()),
+            Ok(Some(Ok(Message::Close(f)))) => return (texts, f.map(|f| u16::from(f.code))),
+            Ok(Some(Ok(_))) => {}
+            _ => return (texts, None),
+        }
+    }
+}
+
+#[tokio::test]
+async fn bytes_sent_before_the_101_reach_the_leg() {
+    let db = orca_relay::store::testing::TestDb::sqlite().await;
+    let s = start_on(&db.url, &[]).await;
+    let host = Host::assigned(&s, "early-bytes").await;
+    let addr = s.running.addr;
+    let phone_path = format!("/v1/connect/{}", host.id.relay_host_id);
+
+    // A pipelined `relay-auth` is read as the phone's first frame and answered (an unknown
+    // credential: relay-hello ok:false, then the close with the same code), not left to time out.
+    let auth = br#"{"type":"relay-auth","v":1,"credential":"no-such-credential"}"#;
+    let sock = upgrade_with(addr, &phone_path, "", &frame(0x81, auth)).await;
+    let (texts, code) = until_close(sock, Duration::from_secs(5)).await;
+    let hello: serde_json::Value = serde_json::from_str(texts.first().expect("relay-hello"))
+        .unwrap_or_else(|e| panic!("{texts:?}: {e}"));
+    assert_eq!(hello["type"], "relay-hello", "{hello}");
+    assert_eq!(hello["ok"], false, "{hello}");
+    let code = code.expect("close frame");
+    assert_eq!(hello["code"], code, "{hello}");
+
+    // Pipelined framing violations are closed with their code on every leg.
+    let bearer = format!("Authorization: Bearer {}\r\n", host.token);
+    let legs = [
+        (phone_path.clone(), String::new()),
+        ("/v1/host/data/conn-early".to_string(), String::new()),
+        ("/v1/host/control".to_string(), bearer),
+    ];
+    for (path, extra) in &legs {
+        for (name, bytes, want) in [
+            ("RSV1 set", frame(0xc1, b"{}"), 1002u16),
+            ("invalid UTF-8", frame(0x81, &[0x7b, 0xff, 0x7d]), 1007),
+        ] {
+            let sock = upgrade_with(addr, path, extra, &bytes).await;
+            let (_, got) = until_close(sock, Duration::from_secs(5)).await;
+            assert_eq!(got, Some(want), "{path}: {name}");
+        }
+    }
+
+    // A pipelined first frame over the pre-auth budget (16 KiB of a declared 1 MiB message, all
+    // before the 101) is closed 1009 at once.
+    let mut big = vec![0x81u8, 0x80 | 127];
+    big.extend_from_slice(&(1u64 << 20).to_be_bytes());
+    big.extend_from_slice(&[0, 0, 0, 0]);
+    big.extend_from_slice(&[b'a'; 16 * 1024]);
+    let sock = upgrade_with(addr, &phone_path, "", &big).await;
+    let (_, got) = until_close(sock, Duration::from_secs(5)).await;
+    assert_eq!(got, Some(1009));
+    s.running.shutdown().await;
+}
