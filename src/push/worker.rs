@@ -49,10 +49,12 @@ const TICK: Duration = Duration::from_millis(1000);
 pub const IN_FLIGHT: usize = 256;
 /// Rows one claim transaction leases at most.
 pub const CLAIM_BATCH: usize = 128;
-/// After a finish, claim again only once this many slots are free (or nothing is in flight): a
-/// claim's cost is mostly the scan past the rows of registrations already in flight, so fewer,
-/// larger claims. A wake or the tick claims whatever is free.
-const CLAIM_MIN: usize = 32;
+/// After a finish, claim again only once this many slots are free (or nothing is in flight). With
+/// a backlog, a claim's cost is mostly the scan past the queued rows of registrations already in
+/// flight (each fails the head rule), which grows with what is in flight: claiming when half the
+/// slots are free keeps that cost per delivered row small. A wake or the tick claims whatever is
+/// free, so a new send never waits for this.
+const CLAIM_MIN: usize = IN_FLIGHT / 2;
 /// Finishes one finish transaction applies at most.
 const FINISH_BATCH: usize = 256;
 const RENEW_EVERY: Duration = Duration::from_millis(10_000);
