@@ -251,6 +251,26 @@ impl Tx {
         dispatch!(self, t => t.try_scope_lock(scope).await)
     }
 
+    /// Tries every scope in one round trip (Postgres: one `SELECT` of `pg_try_advisory_xact_lock`
+    /// calls, evaluated left to right); one answer per scope. SQLite: all succeed (push.md §10).
+    pub async fn try_scope_locks(&mut self, scopes: &[String]) -> Result<Vec<bool>, DbError> {
+        match self {
+            Tx::Sqlite(_) => Ok(vec![true; scopes.len()]),
+            Tx::Postgres(_) if scopes.is_empty() => Ok(Vec::new()),
+            Tx::Postgres(t) => {
+                let cols: Vec<String> = (1..=scopes.len())
+                    .map(|i| format!("pg_try_advisory_xact_lock(${i})"))
+                    .collect();
+                let keys: Vec<Value> = scopes.iter().map(|s| Value::Int(scope_key(s))).collect();
+                let rows = t
+                    .query(&format!("SELECT {}", cols.join(", ")), &keys)
+                    .await?;
+                let row = rows.into_iter().next().unwrap_or_default();
+                Ok((0..scopes.len()).map(|i| row.bool(i)).collect())
+            }
+        }
+    }
+
     /// See [`Backend::finish_with`].
     pub async fn finish_with(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
         dispatch!(self, t => t.finish_with(sql, params).await)

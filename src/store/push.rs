@@ -259,21 +259,6 @@ pub struct Target {
     pub dead: bool,
 }
 
-pub async fn device_target(db: &Db, registration_id: &str) -> Result<Option<Target>, DbError> {
-    let rows = db
-        .query(
-            "SELECT platform, token, apns_environment, dead_at FROM push_devices WHERE registration_id = $1",
-            params![registration_id],
-        )
-        .await?;
-    Ok(rows.first().map(|r| Target {
-        platform: r.str(0),
-        token: r.str(1),
-        apns_environment: r.opt_str(2),
-        dead: !r.is_null(3),
-    }))
-}
-
 /// Rows of devices with `dead_at` set (admin overview).
 pub async fn dead_registrations(db: &Db) -> Result<i64, DbError> {
     let rows = db
@@ -426,7 +411,7 @@ async fn accept_in(
 
 // ---------------------------------------------------------------- worker
 
-/// A leased delivery.
+/// A leased delivery, with the registration's target as the claim read it.
 #[derive(Debug, Clone)]
 pub struct Claimed {
     pub delivery_id: String,
@@ -436,104 +421,178 @@ pub struct Claimed {
     pub payload_json: String,
     pub expires_at: i64,
     pub attempts: i64,
+    /// `None`: the registration is gone.
+    pub target: Option<Target>,
 }
 
-/// Candidates tried per claim (push.md §13).
-const CANDIDATES: usize = 4;
-
-/// Claims the next due delivery (push.md §7): at most one live lease per registration, in due order.
-pub async fn claim(db: &Db, limits: &Limits, now: i64) -> Result<Option<Claimed>, DbError> {
-    transaction!(db, "push_claim", |tx| claim_in(tx, limits, now).await)
+/// What one batched claim did.
+#[derive(Debug, Default)]
+pub struct ClaimBatch {
+    /// Leased deliveries, in due order, at most one per registration.
+    pub claimed: Vec<Claimed>,
+    /// Fenced alerts deleted instead of leased (their registrations' next rows are due now).
+    pub fenced: usize,
+    /// Candidates left alone because another claimer holds their registration.
+    pub busy: usize,
 }
 
-async fn claim_in(tx: &mut Tx, limits: &Limits, now: i64) -> Result<Option<Claimed>, DbError> {
-    let mut excluded: Vec<String> = Vec::new();
-    let mut tried = 0;
-    while tried < CANDIDATES {
-        let mut sql = String::from(
-            "SELECT d.delivery_id, d.registration_id, d.kind, d.notification_epoch, d.notification_id, d.notification_seq, d.host_fingerprint \
-             FROM push_deliveries d WHERE d.lease_until <= $1 AND d.expires_at > $1 AND d.due_at <= $1 AND d.due_at > $2 \
-             AND NOT EXISTS (SELECT 1 FROM push_deliveries o WHERE o.registration_id = d.registration_id AND o.lease_until > $1)",
-        );
-        let mut params: Vec<Value> = vec![
-            Value::Int(now),
-            Value::Int(now - limits.notification_ttl_ms),
-        ];
-        for r in &excluded {
-            params.push(Value::Text(r.clone()));
-            sql.push_str(&format!(" AND d.registration_id <> ${}", params.len()));
-        }
-        sql.push_str(
-            " ORDER BY d.due_at, d.created_at, d.delivery_id LIMIT 1 FOR UPDATE SKIP LOCKED",
-        );
-        let Some(c) = tx.query_opt(&sql, &params).await? else {
-            return Ok(None);
-        };
-        let (delivery_id, reg) = (c.str(0), c.str(1));
-        // A fenced alert is deleted instead of sent; the claim goes on.
-        if c.str(2) == "alert" && !c.is_null(4) {
-            let fenced = tx
-                .query_opt(
-                    "SELECT 1 FROM push_dismissed_events WHERE host_fingerprint = $1 AND notification_epoch = $2 AND notification_id = $3 AND notification_seq >= $4",
-                    params![c.str(6), c.str(3), c.str(4), c.i64(5)],
-                )
-                .await?;
-            if fenced.is_some() {
-                tx.execute(
-                    "DELETE FROM push_deliveries WHERE delivery_id = $1",
-                    params![delivery_id.as_str()],
-                )
-                .await?;
-                continue;
-            }
-        }
-        tried += 1;
-        if !tx
-            .try_scope_lock(&format!("orca-push-device:{reg}"))
-            .await?
-        {
-            excluded.push(reg);
-            continue;
-        }
-        let head = tx
-            .query_opt(
-                "SELECT delivery_id FROM push_deliveries WHERE registration_id = $1 AND expires_at > $2 ORDER BY due_at, created_at, delivery_id LIMIT 1",
-                params![reg.as_str(), now],
-            )
-            .await?;
-        let live = tx
-            .query_opt(
-                "SELECT 1 FROM push_deliveries WHERE registration_id = $1 AND lease_until > $2",
-                params![reg.as_str(), now],
-            )
-            .await?;
-        if head.map(|h| h.str(0)) != Some(delivery_id.clone()) || live.is_some() {
-            excluded.push(reg);
-            continue;
-        }
-        let lease_token = uuid::Uuid::new_v4().to_string();
-        let row = tx
-            .query_opt(
-                "UPDATE push_deliveries SET lease_token = $1, lease_until = $2, attempts = attempts + 1 WHERE delivery_id = $3 \
-                 RETURNING host_fingerprint, payload_json, expires_at, attempts",
-                params![lease_token.as_str(), now + limits.lease_ms, delivery_id.as_str()],
-            )
-            .await?;
-        let Some(row) = row else {
-            excluded.push(reg);
-            continue;
-        };
-        return Ok(Some(Claimed {
-            delivery_id,
-            lease_token,
-            host_fingerprint: row.str(0),
-            registration_id: reg,
-            payload_json: row.str(1),
-            expires_at: row.i64(2),
-            attempts: row.i64(3),
-        }));
+impl ClaimBatch {
+    /// True when another claim may find more right away.
+    pub fn progressed(&self) -> bool {
+        !self.claimed.is_empty() || self.fenced > 0
     }
-    Ok(None)
+}
+
+/// Claims the next due delivery (push.md §7): a batch of one.
+pub async fn claim(db: &Db, limits: &Limits, now: i64) -> Result<Option<Claimed>, DbError> {
+    Ok(claim_batch(db, limits, now, 1)
+        .await?
+        .claimed
+        .into_iter()
+        .next())
+}
+
+/// `$first, $first+1, …` for `n` values.
+fn placeholders(first: usize, n: usize) -> String {
+    (first..first + n)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// "No unexpired row of the same registration sorts before `{t}`" (the head rule of push.md §7).
+const IS_HEAD: &str = "NOT EXISTS (SELECT 1 FROM push_deliveries e WHERE e.registration_id = {t}.registration_id AND e.expires_at > $1 \
+     AND (e.due_at, e.created_at, e.delivery_id) < ({t}.due_at, {t}.created_at, {t}.delivery_id))";
+/// "No row of the same registration holds a live lease."
+const NO_LIVE_LEASE: &str = "NOT EXISTS (SELECT 1 FROM push_deliveries o WHERE o.registration_id = {t}.registration_id AND o.lease_until > $1)";
+
+/// Claims up to `max` due deliveries in one transaction (push.md §7, batched): each candidate is
+/// the head of its registration (earliest unexpired row in due order), due, unleased, and its
+/// registration holds no live lease. On Postgres the candidates are locked `FOR UPDATE SKIP
+/// LOCKED`, then the try-scopes `orca-push-device:<registrationId>` are taken in one statement, and
+/// the lease statement re-checks the head and live-lease rules under those scopes, so at most one
+/// delivery per registration is in flight across every process. Fenced alerts are deleted
+/// instead. The registrations' targets are read in the same transaction (pipelined with `COMMIT`).
+pub async fn claim_batch(
+    db: &Db,
+    limits: &Limits,
+    now: i64,
+    max: usize,
+) -> Result<ClaimBatch, DbError> {
+    if max == 0 {
+        return Ok(ClaimBatch::default());
+    }
+    transaction!(db, "push_claim", |tx| claim_batch_in(tx, limits, now, max)
+        .await)
+}
+
+async fn claim_batch_in(
+    tx: &mut Tx,
+    limits: &Limits,
+    now: i64,
+    max: usize,
+) -> Result<ClaimBatch, DbError> {
+    let candidates_sql = format!(
+        "SELECT d.delivery_id, d.registration_id, \
+         CASE WHEN d.kind = 'alert' AND d.notification_id IS NOT NULL AND EXISTS (SELECT 1 FROM push_dismissed_events f \
+           WHERE f.host_fingerprint = d.host_fingerprint AND f.notification_epoch = d.notification_epoch \
+           AND f.notification_id = d.notification_id AND f.notification_seq >= d.notification_seq) THEN 1 ELSE 0 END \
+         FROM push_deliveries d WHERE d.lease_until <= $1 AND d.expires_at > $1 AND d.due_at <= $1 AND d.due_at > $2 \
+         AND {} AND {} ORDER BY d.due_at, d.created_at, d.delivery_id LIMIT $3 FOR UPDATE SKIP LOCKED",
+        NO_LIVE_LEASE.replace("{t}", "d"),
+        IS_HEAD.replace("{t}", "d"),
+    );
+    let rows = tx
+        .query(
+            &candidates_sql,
+            params![now, now - limits.notification_ttl_ms, max as i64],
+        )
+        .await?;
+    let mut batch = ClaimBatch::default();
+    if rows.is_empty() {
+        return Ok(batch);
+    }
+    let (fenced, live): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r.bool(2));
+    if !fenced.is_empty() {
+        let mut p: Vec<Value> = vec![Value::Int(now)];
+        p.extend(fenced.iter().map(|r| Value::Text(r.str(0))));
+        let sql = format!(
+            "DELETE FROM push_deliveries WHERE lease_until <= $1 AND delivery_id IN ({})",
+            placeholders(2, fenced.len())
+        );
+        batch.fenced = tx.execute(&sql, &p).await? as usize;
+    }
+    if live.is_empty() {
+        return Ok(batch);
+    }
+    let scopes: Vec<String> = live
+        .iter()
+        .map(|r| format!("orca-push-device:{}", r.str(1)))
+        .collect();
+    let locked = tx.try_scope_locks(&scopes).await?;
+    let ids: Vec<String> = live
+        .iter()
+        .zip(&locked)
+        .filter(|(_, ok)| **ok)
+        .map(|(r, _)| r.str(0))
+        .collect();
+    batch.busy = live.len() - ids.len();
+    if ids.is_empty() {
+        return Ok(batch);
+    }
+    let lease_token = uuid::Uuid::new_v4().to_string();
+    let mut p: Vec<Value> = vec![
+        Value::Int(now),
+        Value::Text(lease_token.clone()),
+        Value::Int(now + limits.lease_ms),
+    ];
+    p.extend(ids.iter().map(|id| Value::Text(id.clone())));
+    let lease_sql = format!(
+        "UPDATE push_deliveries SET lease_token = $2, lease_until = $3, attempts = attempts + 1 \
+         WHERE delivery_id IN ({}) AND lease_until <= $1 AND expires_at > $1 AND due_at <= $1 AND {} AND {} \
+         RETURNING delivery_id, host_fingerprint, registration_id, payload_json, expires_at, attempts",
+        placeholders(4, ids.len()),
+        NO_LIVE_LEASE.replace("{t}", "push_deliveries"),
+        IS_HEAD.replace("{t}", "push_deliveries"),
+    );
+    let leased = tx.query(&lease_sql, &p).await?;
+    if leased.is_empty() {
+        return Ok(batch);
+    }
+    let regs: Vec<Value> = leased.iter().map(|r| Value::Text(r.str(2))).collect();
+    let devices_sql = format!(
+        "SELECT registration_id, platform, token, apns_environment, dead_at FROM push_devices WHERE registration_id IN ({})",
+        placeholders(1, regs.len())
+    );
+    let devices = tx.finish_with(&devices_sql, &regs).await?;
+    let target = |reg: &str| {
+        devices.iter().find(|d| d.str(0) == reg).map(|d| Target {
+            platform: d.str(1),
+            token: d.str(2),
+            apns_environment: d.opt_str(3),
+            dead: !d.is_null(4),
+        })
+    };
+    let order = |id: &str| ids.iter().position(|x| x == id).unwrap_or(usize::MAX);
+    let mut claimed: Vec<Claimed> = leased
+        .iter()
+        .map(|r| {
+            let reg = r.str(2);
+            Claimed {
+                delivery_id: r.str(0),
+                lease_token: lease_token.clone(),
+                host_fingerprint: r.str(1),
+                target: target(&reg),
+                registration_id: reg,
+                payload_json: r.str(3),
+                expires_at: r.i64(4),
+                attempts: r.i64(5),
+            }
+        })
+        .collect();
+    claimed.sort_by_key(|c| order(&c.delivery_id));
+    batch.claimed = claimed;
+    Ok(batch)
 }
 
 /// Extends a live lease; false when the lease was lost.
@@ -547,26 +606,103 @@ pub async fn renew(db: &Db, c: &Claimed, limits: &Limits, now: i64) -> Result<bo
     Ok(n == 1)
 }
 
+/// One finish of a batch (push.md §7 "finish").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// No retry: delete the row.
+    Delete,
+    /// Retry at this time: `due_at = at, lease_until = 0, lease_token = NULL`.
+    Retry(i64),
+}
+
+/// Applies finishes in one transaction of at most two statements (one `DELETE`, one `UPDATE`),
+/// each matching `(delivery_id, lease_token)`: a finisher that lost its lease changes nothing.
+/// Returns, per entry, whether it changed its row.
+pub async fn finish_batch(db: &Db, items: &[(&Claimed, Finish)]) -> Result<Vec<bool>, DbError> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    let deletes: Vec<&Claimed> = items
+        .iter()
+        .filter(|(_, f)| *f == Finish::Delete)
+        .map(|(c, _)| *c)
+        .collect();
+    let retries: Vec<(&Claimed, i64)> = items
+        .iter()
+        .filter_map(|(c, f)| match f {
+            Finish::Retry(at) => Some((*c, *at)),
+            Finish::Delete => None,
+        })
+        .collect();
+    let done: Vec<String> = transaction!(db, "push_finish", |tx| {
+        let mut done = Vec::new();
+        let mut statements: Vec<(String, Vec<Value>)> = Vec::new();
+        if !deletes.is_empty() {
+            let (cond, p) = lease_match(&deletes, 1);
+            statements.push((
+                format!("DELETE FROM push_deliveries WHERE {cond} RETURNING delivery_id"),
+                p,
+            ));
+        }
+        if !retries.is_empty() {
+            let mut p: Vec<Value> = Vec::new();
+            let mut case = String::from("CASE delivery_id");
+            for (c, at) in &retries {
+                p.push(Value::Text(c.delivery_id.clone()));
+                p.push(Value::Int(*at));
+                case.push_str(&format!(
+                    " WHEN ${} THEN CAST(${} AS BIGINT)",
+                    p.len() - 1,
+                    p.len()
+                ));
+            }
+            case.push_str(" END");
+            let owned: Vec<&Claimed> = retries.iter().map(|(c, _)| *c).collect();
+            let (cond, more) = lease_match(&owned, p.len() + 1);
+            p.extend(more);
+            statements.push((
+                format!("UPDATE push_deliveries SET due_at = {case}, lease_until = 0, lease_token = NULL WHERE {cond} RETURNING delivery_id"),
+                p,
+            ));
+        }
+        let last = statements.len() - 1;
+        for (i, (sql, p)) in statements.iter().enumerate() {
+            let rows = if i == last {
+                tx.finish_with(sql, p).await?
+            } else {
+                tx.query(sql, p).await?
+            };
+            done.extend(rows.iter().map(|r| r.str(0)));
+        }
+        Ok::<_, DbError>(done)
+    })?;
+    Ok(items
+        .iter()
+        .map(|(c, _)| done.contains(&c.delivery_id))
+        .collect())
+}
+
+/// `(delivery_id = $i AND lease_token = $i+1) OR …` for `cs`, parameters from `$first`.
+fn lease_match(cs: &[&Claimed], first: usize) -> (String, Vec<Value>) {
+    let mut p = Vec::with_capacity(cs.len() * 2);
+    let mut cond = Vec::with_capacity(cs.len());
+    for c in cs {
+        let i = first + p.len();
+        cond.push(format!("(delivery_id = ${i} AND lease_token = ${})", i + 1));
+        p.push(Value::Text(c.delivery_id.clone()));
+        p.push(Value::Text(c.lease_token.clone()));
+    }
+    (cond.join(" OR "), p)
+}
+
 /// Deletes the delivery if this worker still holds its lease.
 pub async fn finish_delete(db: &Db, c: &Claimed) -> Result<bool, DbError> {
-    let n = db
-        .execute(
-            "DELETE FROM push_deliveries WHERE delivery_id = $1 AND lease_token = $2",
-            params![c.delivery_id.as_str(), c.lease_token.as_str()],
-        )
-        .await?;
-    Ok(n == 1)
+    Ok(finish_batch(db, &[(c, Finish::Delete)]).await?[0])
 }
 
 /// Schedules a retry at `retry_at`.
 pub async fn finish_retry(db: &Db, c: &Claimed, retry_at: i64) -> Result<bool, DbError> {
-    let n = db
-        .execute(
-            "UPDATE push_deliveries SET due_at = $1, lease_until = 0, lease_token = NULL WHERE delivery_id = $2 AND lease_token = $3",
-            params![retry_at, c.delivery_id.as_str(), c.lease_token.as_str()],
-        )
-        .await?;
-    Ok(n == 1)
+    Ok(finish_batch(db, &[(c, Finish::Retry(retry_at))]).await?[0])
 }
 
 /// Dead outcome: retire the registration with the values actually sent and delete the delivery,

@@ -83,6 +83,9 @@ struct State {
     token_requests: Vec<(HashMap<String, String>, bool, String)>,
     token_status: u16,
     token_body: String,
+    /// APNs provider tokens that verified, and when: the same JWT (re-used for up to 50 minutes)
+    /// is checked again after a minute, not on every request (the benchmark's thousands a second).
+    verified_jwts: HashMap<String, Instant>,
 }
 
 /// A fake provider server.
@@ -231,6 +234,29 @@ pub fn verify_apns_jwt(auth: Option<&String>) -> Result<(), String> {
     Ok(())
 }
 
+/// [`verify_apns_jwt`], remembering a verified token for 60 s.
+fn verify_apns_jwt_cached(f: &Fake, auth: Option<&String>) -> Result<(), String> {
+    let fresh = |at: &Instant| at.elapsed() < Duration::from_secs(60);
+    if let Some(a) = auth {
+        if f.state
+            .lock()
+            .unwrap()
+            .verified_jwts
+            .get(a)
+            .is_some_and(fresh)
+        {
+            return Ok(());
+        }
+    }
+    verify_apns_jwt(auth)?;
+    if let Some(a) = auth {
+        let mut s = f.state.lock().unwrap();
+        s.verified_jwts.retain(|_, at| fresh(at));
+        s.verified_jwts.insert(a.clone(), Instant::now());
+    }
+    Ok(())
+}
+
 /// Starts the fake APNs (HTTP/2 cleartext, prior knowledge).
 pub async fn apns() -> Fake {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -277,7 +303,7 @@ async fn apns_answer(f: Fake, req: Request<Incoming>) -> Response<Full<Bytes>> {
         .map(|b| b.to_bytes())
         .unwrap_or_default();
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let auth = verify_apns_jwt(headers.get("authorization"));
+    let auth = verify_apns_jwt_cached(&f, headers.get("authorization"));
     let answer = {
         let mut s = f.state.lock().unwrap();
         let open = s.open.entry(token.clone()).or_default();
