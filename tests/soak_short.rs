@@ -26,6 +26,8 @@ async fn churn_returns_to_baseline() {
             sample_every: Duration::from_secs(5),
             settle: Duration::from_secs(40),
             frames_per_pair: 4,
+            desks_per_churner: 2,
+            pairings_per_visit: 4,
             tolerance: 0.20,
         },
     )
@@ -35,6 +37,19 @@ async fn churn_returns_to_baseline() {
         report.pairings >= 100,
         "the churn ran: {} pairings",
         report.pairings
+    );
+    assert!(
+        report.resumes * 4 >= report.pairings && report.rebinds > 0,
+        "phones resumed ({} of {}) and desktops rebound ({})",
+        report.resumes,
+        report.pairings,
+        report.rebinds
+    );
+    assert!(
+        report.returns >= report.identities as u64,
+        "identities came back: {} returning visits by {} identities",
+        report.returns,
+        report.identities
     );
     assert!(
         report.failures * 20 <= report.pairings,
