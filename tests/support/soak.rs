@@ -144,6 +144,9 @@ pub struct Report {
     pub pairings: u64,
     pub resumes: u64,
     pub failures: u64,
+    /// Failed attempts during the measured load (each may leave an invite's lease charged
+    /// until the invite expires, at most 10 min later: the slack of the reserved-units check).
+    pub load_failures: u64,
     /// Failed attempts by kind: how many, and the first one's text.
     pub errors: Vec<(String, u64, String)>,
     pub assign_retries: u64,
@@ -210,13 +213,23 @@ impl Report {
 
     /// Whether the after-load sample is within the tolerance of the baseline on every series.
     pub fn returned(&self) -> Result<(), String> {
-        returned(&self.baseline, &self.after, self.tolerance)
+        returned(
+            &self.baseline,
+            &self.after,
+            self.tolerance,
+            self.load_failures,
+        )
     }
 }
 
-fn returned(base: &Sample, now: &Sample, tol: f64) -> Result<(), String> {
+/// Every series within `tol` of the baseline; reserved units may also exceed it by `slack`
+/// (failed pairings whose invite still holds its unit until it expires).
+fn returned(base: &Sample, now: &Sample, tol: f64, slack: u64) -> Result<(), String> {
     let check = |name: &str, b: u64, n: u64| {
-        let limit = (b as f64 * tol).max(1.0);
+        let mut limit = (b as f64 * tol).max(1.0);
+        if name == "reserved" && n > b {
+            limit += slack as f64;
+        }
         if (n as f64 - b as f64).abs() <= limit {
             Ok(())
         } else {
@@ -679,36 +692,37 @@ async fn run_phase(
     }
 }
 
-/// Waits until the process is back within the tolerance of `base` (or `within` passes), sampling
-/// every second; the last sample.
+/// Waits until the process is quiet (every orphan-grace timer of a desktop that left has fired,
+/// and tasks, fds and reserved units have not moved for three samples) and, after the load,
+/// back within the tolerance of `base` (or `within` passes), sampling every second; the last
+/// sample.
+#[allow(clippy::too_many_arguments)]
 async fn settle(
     url: &str,
-    base: Option<&Sample>,
-    tol: f64,
+    base: &Sample,
+    check: Option<(f64, u64)>,
     within: Duration,
     start: Instant,
     c: &Counters,
     series: &mut Vec<Sample>,
 ) -> (Sample, Duration) {
     let t0 = Instant::now();
+    let grace = Duration::from_millis(orca_relay::contract::limits::ORPHAN_GRACE_MS + 2_000);
     let mut last_logged = Instant::now();
-    let mut prev: Option<Sample> = None;
+    let mut recent: Vec<Sample> = Vec::new();
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let s = sample(url, start, "settle", c).await;
-        let done = match base {
-            Some(b) if b.phase == "idle" => {
-                // Before the baseline: settled when tasks and fds are back near the idle sample
-                // (the orphan grace of the hosts that left has run out) and stopped moving.
-                let near =
-                    |a: u64, b: u64| (a as f64 - b as f64).abs() <= (b as f64 * tol).max(1.0);
-                near(s.tasks, b.tasks)
-                    && near(s.fds, b.fds)
-                    && prev.is_some_and(|p| p.tasks == s.tasks && p.fds == s.fds)
-            }
-            Some(b) => returned(b, &s, tol).is_ok(),
-            None => prev.is_some_and(|p| p.tasks == s.tasks && p.fds == s.fds),
-        };
+        recent.push(s);
+        if recent.len() > 3 {
+            recent.remove(0);
+        }
+        let quiet = t0.elapsed() >= grace
+            && recent.len() == 3
+            && recent
+                .iter()
+                .all(|p| (p.tasks, p.fds, p.reserved) == (s.tasks, s.fds, s.reserved));
+        let done = quiet && check.is_none_or(|(tol, slack)| returned(base, &s, tol, slack).is_ok());
         if done || t0.elapsed() >= within || last_logged.elapsed() >= Duration::from_secs(10) {
             series.push(s);
             last_logged = Instant::now();
@@ -716,7 +730,6 @@ async fn settle(
         if done || t0.elapsed() >= within {
             return (s, t0.elapsed());
         }
-        prev = Some(s);
     }
 }
 
@@ -773,20 +786,12 @@ pub async fn run(url: &str, plan: Plan) -> Report {
         &mut series,
     )
     .await;
-    let (baseline, _) = settle(
-        url,
-        Some(&idle),
-        plan.tolerance,
-        plan.settle,
-        start,
-        &c,
-        &mut series,
-    )
-    .await;
+    let (baseline, _) = settle(url, &idle, None, plan.settle, start, &c, &mut series).await;
     let mut baseline = baseline;
     baseline.phase = "baseline";
     series.push(baseline);
     let before = c.pairings.load(Ordering::Relaxed);
+    let failures_before = c.failures.load(Ordering::Relaxed);
     let resumes_before = c.resumes.load(Ordering::Relaxed);
     let load_start = Instant::now();
     let load_from = series.len();
@@ -809,10 +814,11 @@ pub async fn run(url: &str, plan: Plan) -> Report {
         .map(|s| s.reserved)
         .max()
         .unwrap_or_default();
+    let load_failures = c.failures.load(Ordering::Relaxed) - failures_before;
     let (after, settled_in) = settle(
         url,
-        Some(&baseline),
-        plan.tolerance,
+        &baseline,
+        Some((plan.tolerance, load_failures)),
         plan.settle,
         start,
         &c,
@@ -840,6 +846,7 @@ pub async fn run(url: &str, plan: Plan) -> Report {
         pairings,
         resumes,
         failures: c.failures.load(Ordering::Relaxed),
+        load_failures,
         errors,
         visits: c.visits.load(Ordering::Relaxed),
         rebinds: c.rebinds.load(Ordering::Relaxed),
