@@ -61,6 +61,7 @@ pub fn spawn_server(bin: &Path, data_dir: &Path) -> Server {
         .unwrap()
         .port();
     let url = format!("http://127.0.0.1:{port}");
+    let _ = DATA_DIR.set(data_dir.to_owned());
     let mut child = Command::new(bin)
         .arg("serve")
         .env_clear()
@@ -133,6 +134,8 @@ pub struct Sample {
     pub tasks: u64,
     /// The cell's `reservedRequests` (request units charged by live leases).
     pub reserved: u64,
+    /// The SQLite database plus WAL on disk.
+    pub db_kib: u64,
     pub pairings: u64,
     pub failures: u64,
 }
@@ -165,11 +168,19 @@ pub struct Report {
 impl Report {
     /// The series as a table, one line per sample.
     pub fn print(&self) {
-        println!("t_s phase    rss_kib  fds  tasks reserved pairings failures");
+        println!("t_s phase    rss_kib  fds  tasks reserved  db_kib pairings failures");
         for s in &self.series {
             println!(
-                "{:>4} {:<8} {:>7} {:>4} {:>6} {:>8} {:>8} {:>8}",
-                s.t_s, s.phase, s.rss_kib, s.fds, s.tasks, s.reserved, s.pairings, s.failures
+                "{:>4} {:<8} {:>7} {:>4} {:>6} {:>8} {:>7} {:>8} {:>8}",
+                s.t_s,
+                s.phase,
+                s.rss_kib,
+                s.fds,
+                s.tasks,
+                s.reserved,
+                s.db_kib,
+                s.pairings,
+                s.failures
             );
         }
         let pct = |a: u64, b: u64| (a as f64 - b as f64) * 100.0 / b.max(1) as f64;
@@ -651,9 +662,23 @@ fn churn(
         .collect()
 }
 
+/// The started server's data directory (one server per soak process).
+static DATA_DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// Size of the server's SQLite database and its WAL, in KiB (its page cache grows with it).
+fn db_kib() -> u64 {
+    let Some(dir) = DATA_DIR.get() else { return 0 };
+    ["relay.sqlite3", "relay.sqlite3-wal"]
+        .iter()
+        .filter_map(|f| std::fs::metadata(dir.join(f)).ok())
+        .map(|m| m.len() / 1024)
+        .sum()
+}
+
 async fn sample(url: &str, start: Instant, phase: &'static str, c: &Counters) -> Sample {
     let (rss_kib, fds, tasks) = usage(url).await;
     let reserved = reserved_units(url).await;
+    let db_kib = db_kib();
     Sample {
         t_s: start.elapsed().as_secs(),
         phase,
@@ -661,6 +686,7 @@ async fn sample(url: &str, start: Instant, phase: &'static str, c: &Counters) ->
         fds,
         tasks,
         reserved,
+        db_kib,
         pairings: c.pairings.load(Ordering::Relaxed),
         failures: c.failures.load(Ordering::Relaxed),
     }
