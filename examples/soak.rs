@@ -1,8 +1,11 @@
 //! The churn soak (issue 11): hundreds of pairs connecting, exchanging and leaving beside idle
 //! hosts, for 10 minutes by default, against an `orca-relay` process it starts itself (the
-//! binary next to this example, on a temporary SQLite file). RSS, open fds and live runtime tasks
-//! come from the server's own `/metrics` every 10 s; after the load stops they must return within
-//! ±10 % of the baseline. Prints the series; exits 1 if the process did not return.
+//! binary next to this example, on a temporary SQLite file). Each churner cycles through four
+//! desktop identities of its own that leave and come back (re-resolving through `/v1/assign`),
+//! whose phones pair anew by invite or resume. RSS, open fds and live runtime tasks come from the
+//! server's own `/metrics`, the cell's reserved request units from `cell-status`, every 10 s;
+//! after the load stops they must return within ±10 % of the baseline. Prints the series; exits
+//! 1 if the process did not return.
 //!
 //! ```text
 //! cargo build --release --bin orca-relay --example soak
@@ -42,9 +45,13 @@ async fn main() {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = soak::spawn_server(&bin, dir.path());
     eprintln!(
-        "soak: server {} (pid {}), {minutes} min, {churners} churners, {idle_hosts} idle hosts",
+        "soak: server {} (pid {}), {minutes} min, {churners} churners, {idle_hosts} idle hosts{}",
         server.url,
-        server.child.id()
+        server.child.id(),
+        std::env::vars()
+            .filter(|(k, _)| k.starts_with("MALLOC_"))
+            .map(|(k, v)| format!(", {k}={v}"))
+            .collect::<String>()
     );
     let report = soak::run(
         &server.url,
@@ -56,6 +63,8 @@ async fn main() {
             sample_every: Duration::from_secs(sample_s),
             settle: Duration::from_secs(90),
             frames_per_pair: 8,
+            desks_per_churner: 4,
+            pairings_per_visit: 10,
             tolerance: 0.10,
         },
     )
