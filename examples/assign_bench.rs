@@ -18,11 +18,14 @@
 //! `pgbench -N -c <clients> -j 2 -T <seconds>` and one assign phase, alternating which goes first,
 //! printing both figures and their ratio per round and the medians; then the same assign phase on a
 //! temporary SQLite file. Both scratch databases are dropped at the end (also after a panic).
-//! `pgbench`, `createdb` and `dropdb` come with Debian's `postgresql-client` package (`apt-get
-//! install postgresql-client`); the bench says so and stops if one is missing. With `sqlite` it
+//! On Debian 12 `pgbench` is in the server package `postgresql-15` (installed wherever the local
+//! server runs; `apt-get install postgresql-15` otherwise) and `createdb`/`dropdb` in
+//! `postgresql-client-15`; the bench says so and stops if one is missing. With `sqlite` it
 //! runs the SQLite phases only.
 //!
-//! Lines are `key=value`: `phase=...` per phase, `summary ...` with the medians.
+//! Each backend ends with one phase of plain assigns (no `reconnect`) of the same hosts, which go
+//! through the placement lane's `assign` (backend `…-placement-lane`; its lane concurrency is the
+//! same). Lines are `key=value`: `phase=...` per phase, `summary ...` with the medians.
 
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -68,8 +71,8 @@ async fn main() {
         for tool in ["pgbench", "createdb", "dropdb"] {
             if !on_path(tool) {
                 eprintln!(
-                    "{tool} not found: install Debian's postgresql-client package \
-                     (apt-get install postgresql-client)"
+                    "{tool} not found: on Debian 12 pgbench comes with postgresql-15, \
+                     createdb and dropdb with postgresql-client-15 (apt-get install ...)"
                 );
                 std::process::exit(2);
             }
@@ -101,7 +104,7 @@ async fn main() {
                          cpu_us_per_txn: pgbench={own:.0} postgres_backends={backends:.0}"
                     );
                 } else {
-                    let p = bench.phase(secs).await;
+                    let p = bench.phase(secs, true).await;
                     p.print("postgres", round);
                     r = Some(p.rps);
                 }
@@ -114,6 +117,9 @@ async fn main() {
             tps.push(t);
             rps.push(r);
         }
+        // The non-sticky path on the same rows (placement lane, plain `assign`), once.
+        let p = bench.phase(secs, false).await;
+        p.print("postgres-placement-lane", 1);
         bench.stop().await;
         drop(scratch);
         let (t, r) = (median(&mut tps), median(&mut rps));
@@ -129,10 +135,12 @@ async fn main() {
     let bench = Bench::start(&sqlite_url, clients, nhosts, lane).await;
     let mut rps = Vec::new();
     for round in 1..=rounds {
-        let p = bench.phase(secs).await;
+        let p = bench.phase(secs, true).await;
         p.print("sqlite", round);
         rps.push(p.rps);
     }
+    let p = bench.phase(secs, false).await;
+    p.print("sqlite-placement-lane", 1);
     bench.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
     summary.push(format!(
@@ -148,6 +156,8 @@ async fn main() {
 /// A director with its cells and placed hosts.
 struct Bench {
     run: Running,
+    /// Heartbeats the three cells every 5 s.
+    beats: tokio::task::JoinHandle<()>,
     base: String,
     hosts: Arc<Vec<(String, String)>>,
     clients: usize,
@@ -203,7 +213,7 @@ impl Bench {
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let concurrency = lane.to_string();
-        let pool = (lane + 8).to_string();
+        let pool = (2 * lane + 8).to_string();
         let w = W::try_parse_from([
             "x",
             "--role",
@@ -224,6 +234,8 @@ impl Bench {
             CLUSTER,
             "--public-sticky-concurrency",
             &concurrency,
+            "--public-assignment-concurrency",
+            &concurrency,
             "--database-pool-max",
             &pool,
         ])
@@ -236,11 +248,15 @@ impl Bench {
         d.placement_lane.set_interval(Duration::from_millis(1));
         let base = format!("http://{}", run.addr);
         let http = reqwest::Client::new();
-        for (id, region) in [
+        let cells: Vec<(&str, &str, String)> = [
             ("a", "us-central1"),
             ("b", "us-central1"),
             ("c", "asia-east2"),
-        ] {
+        ]
+        .into_iter()
+        .map(|(id, region)| (id, region, uuid::Uuid::new_v4().to_string()))
+        .collect();
+        for (id, region, _) in &cells {
             let url = format!("https://{id}.bench.test");
             let r = http
                 .post(format!("{base}/v1/admin/cells"))
@@ -250,21 +266,30 @@ impl Bench {
                 .await
                 .unwrap();
             assert!(r.status().is_success(), "{}", r.status());
-            let tok = orca_relay::crypto::jwt::mint_cluster_token(
-                CLUSTER.as_bytes(),
-                id,
-                orca_relay::clock::now_ms(),
-            );
-            let r = http
-                .post(format!("{base}/v1/admin/cell-heartbeat"))
-                .bearer_auth(tok)
-                .json(&json!({"v":1,"cellId":id,"cellUrl":url,"region":region,"cellIncarnation":uuid::Uuid::new_v4().to_string(),
-                    "startedAt":1,"ready":true,"observedRequests":0}))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status(), 200);
         }
+        assert!(heartbeat(&http, &base, &cells).await, "heartbeats refused");
+        // The cells stay live for the whole run (a heartbeat older than the TTL is not fresh).
+        let beats = {
+            let (http, base) = (http.clone(), base.clone());
+            let cells: Vec<(String, String, String)> = cells
+                .iter()
+                .map(|(a, b, c)| (a.to_string(), b.to_string(), c.clone()))
+                .collect();
+            tokio::spawn(async move {
+                let cells: Vec<(&str, &str, String)> = cells
+                    .iter()
+                    .map(|(a, b, c)| (a.as_str(), b.as_str(), c.clone()))
+                    .collect();
+                let mut tick = tokio::time::interval(Duration::from_secs(5));
+                tick.tick().await;
+                loop {
+                    tick.tick().await;
+                    if !heartbeat(&http, &base, &cells).await {
+                        eprintln!("a cell heartbeat was refused");
+                    }
+                }
+            })
+        };
         let mut hosts = Vec::new();
         for i in 0..nhosts {
             let key: [u8; 32] = rand::random();
@@ -308,6 +333,7 @@ impl Bench {
         });
         Bench {
             run,
+            beats,
             base,
             hosts: Arc::new(hosts),
             clients,
@@ -318,8 +344,9 @@ impl Bench {
         }
     }
 
-    /// `clients` concurrent clients send sticky reconnects for `secs`.
-    async fn phase(&self, secs: u64) -> Phase {
+    /// `clients` concurrent clients send assigns for `secs`: sticky reconnects (`hinted`), or
+    /// plain assigns of the same placed hosts, which take the placement lane.
+    async fn phase(&self, secs: u64, hinted: bool) -> Phase {
         let clients = self.clients;
         let stop = Arc::new(AtomicBool::new(false));
         let sampler = self
@@ -336,9 +363,12 @@ impl Bench {
                 let bodies: Vec<bytes::Bytes> = hosts
                     .iter()
                     .map(|(id, _)| {
-                        serde_json::to_vec(&json!({"v":1,"relayHostId":id,"reconnect":true}))
-                            .unwrap()
-                            .into()
+                        let body = if hinted {
+                            json!({"v":1,"relayHostId":id,"reconnect":true})
+                        } else {
+                            json!({"v":1,"relayHostId":id})
+                        };
+                        serde_json::to_vec(&body).unwrap().into()
                     })
                     .collect();
                 let mut lat = Vec::new();
@@ -403,9 +433,31 @@ impl Bench {
     }
 
     async fn stop(self) {
+        self.beats.abort();
         self.loadgen.shutdown_background();
         self.run.shutdown().await;
     }
+}
+
+/// One heartbeat per cell (ready, same incarnation every time); whether all were accepted.
+async fn heartbeat(http: &reqwest::Client, base: &str, cells: &[(&str, &str, String)]) -> bool {
+    let mut ok = true;
+    for (id, region, incarnation) in cells {
+        let tok = orca_relay::crypto::jwt::mint_cluster_token(
+            CLUSTER.as_bytes(),
+            id,
+            orca_relay::clock::now_ms(),
+        );
+        let r = http
+            .post(format!("{base}/v1/admin/cell-heartbeat"))
+            .bearer_auth(tok)
+            .json(&json!({"v":1,"cellId":id,"cellUrl":format!("https://{id}.bench.test"),"region":region,
+                "cellIncarnation":incarnation,"startedAt":1,"ready":true,"observedRequests":0}))
+            .send()
+            .await;
+        ok &= r.is_ok_and(|r| r.status() == 200);
+    }
+    ok
 }
 
 /// The scratch databases; dropped (with `dropdb`) when this goes out of scope, panics included.
