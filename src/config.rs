@@ -157,6 +157,14 @@ pub struct ServeArgs {
     /// Drain grace on SIGTERM, 0..8000 ms.
     #[arg(long, env = "ORCA_RELAY_SHUTDOWN_GRACE_MS", default_value = "0")]
     pub shutdown_grace_ms: String,
+    /// Idle-rehome worker poll period, 100..600000 ms, jittered ±20 % (director.md §8.3 says 6000;
+    /// shorter periods are for tests and benchmarks).
+    #[arg(long, env = "ORCA_RELAY_REGION_REHOME_POLL_MS", default_value = "6000")]
+    pub region_rehome_poll_ms: String,
+    /// Director sweep period, 1000..600000 ms, jittered ±20 % (director.md §5.6 says 30000;
+    /// shorter periods are for tests and benchmarks).
+    #[arg(long, env = "ORCA_RELAY_SWEEP_INTERVAL_MS", default_value = "30000")]
+    pub sweep_interval_ms: String,
     /// Push gateway origin bound into host challenges [default: the public URL].
     #[arg(long, env = "ORCA_PUSH_PUBLIC_URL")]
     pub push_public_url: Option<String>,
@@ -378,6 +386,10 @@ pub struct Config {
     pub metrics_listen: Option<SocketAddr>,
     pub readiness_sql_grace_ms: u64,
     pub shutdown_grace_ms: u64,
+    /// The director's idle-rehome poll period before jitter (`ORCA_RELAY_REGION_REHOME_POLL_MS`).
+    pub region_rehome_poll_ms: i64,
+    /// The director's sweep period before jitter (`ORCA_RELAY_SWEEP_INTERVAL_MS`).
+    pub sweep_interval_ms: i64,
     pub push: PushConfig,
     /// Built-in TLS of the listener; `None` = plain HTTP.
     pub tls: Option<crate::tls::TlsSettings>,
@@ -791,6 +803,19 @@ impl Config {
             8000,
         )? as u64;
 
+        let region_rehome_poll_ms = int_in(
+            "ORCA_RELAY_REGION_REHOME_POLL_MS",
+            &a.region_rehome_poll_ms,
+            100,
+            600_000,
+        )?;
+        let sweep_interval_ms = int_in(
+            "ORCA_RELAY_SWEEP_INTERVAL_MS",
+            &a.sweep_interval_ms,
+            1000,
+            600_000,
+        )?;
+
         let push = parse_push(a, &public_url, roles)?;
         if let Some(t) = &tls {
             // The origins this listener answers for must be covered by what it serves.
@@ -877,6 +902,8 @@ impl Config {
             metrics_listen,
             readiness_sql_grace_ms,
             shutdown_grace_ms,
+            region_rehome_poll_ms,
+            sweep_interval_ms,
             url_defaults: (
                 opt(&a.public_url).is_none(),
                 opt(&a.cell_url).is_none(),

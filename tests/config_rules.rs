@@ -252,3 +252,53 @@ fn single_node_generates_secrets_once_with_mode_0600() {
     assert!(!format!("{first:?}").contains(first.secrets.admin_token.as_deref().unwrap()));
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// `ORCA_RELAY_REGION_REHOME_POLL_MS`: the idle-rehome worker's poll period, 6000 (director.md
+/// §8.3) unless set; an integer in 100..600000, anything else names the variable.
+#[test]
+fn region_rehome_poll_period_is_bounded() {
+    let d = temp_data();
+    let with = |v: Option<&str>| {
+        let flag = v.map(|v| format!("--region-rehome-poll-ms={v}"));
+        let mut args = vec!["--data-dir", d.as_str()];
+        args.extend(flag.as_deref());
+        cfg(&args)
+    };
+    assert_eq!(with(None).unwrap().region_rehome_poll_ms, 6000);
+    assert_eq!(with(Some("6000")).unwrap().region_rehome_poll_ms, 6000);
+    assert_eq!(with(Some("100")).unwrap().region_rehome_poll_ms, 100);
+    assert_eq!(with(Some(" 500 ")).unwrap().region_rehome_poll_ms, 500);
+    assert_eq!(with(Some("600000")).unwrap().region_rehome_poll_ms, 600_000);
+    for bad in ["99", "0", "-1", "600001", "6s", "1.5", "", "0x10", "1e3"] {
+        let e = with(Some(bad)).map(|_| ()).expect_err(bad);
+        assert_eq!(
+            e, "ORCA_RELAY_REGION_REHOME_POLL_MS must be an integer in 100..600000",
+            "{bad:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// `ORCA_RELAY_SWEEP_INTERVAL_MS`: the director's sweep period, 30000 (director.md §5.6) unless
+/// set; an integer in 1000..600000, anything else names the variable.
+#[test]
+fn sweep_interval_is_bounded() {
+    let d = temp_data();
+    let with = |v: Option<&str>| {
+        let flag = v.map(|v| format!("--sweep-interval-ms={v}"));
+        let mut args = vec!["--data-dir", d.as_str()];
+        args.extend(flag.as_deref());
+        cfg(&args)
+    };
+    assert_eq!(with(None).unwrap().sweep_interval_ms, 30_000);
+    assert_eq!(with(Some("1000")).unwrap().sweep_interval_ms, 1000);
+    assert_eq!(with(Some("600000")).unwrap().sweep_interval_ms, 600_000);
+    for bad in ["999", "0", "-1", "600001", "30s", "2.5", ""] {
+        let e = with(Some(bad)).map(|_| ()).expect_err(bad);
+        assert_eq!(
+            e, "ORCA_RELAY_SWEEP_INTERVAL_MS must be an integer in 1000..600000",
+            "{bad:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}

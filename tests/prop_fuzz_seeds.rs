@@ -403,6 +403,12 @@ fn seeds() -> Vec<Seed> {
         {"id":"cell-2","url":"http://127.0.0.1:8081","region":"us-central1","capacityRequests":50,
          "connectionHardCap":1000,"connectionUnobservedBound":100,"initialState":"migration-only"}
     ]).to_string().into_bytes());
+    // A JWKS as the issuer serves it: one usable P-256 signing key beside one the relay skips.
+    add("jwks", "issuer", json!({"keys":[
+        {"kty":"EC","crv":"P-256","kid":"k1","alg":"ES256","use":"sig",
+         "x":"6kHldADTVZzDM-1LOrbH-ktVMakMYRsGRQjBaEKQrA4","y":"0Sbl4WTOKhgKW0in5IEXhWijLxMxdBsyYa6rMFwPXTA"},
+        {"kty":"RSA","kid":"r1","n":"AQAB","e":"AQAB"}
+    ]}).to_string().into_bytes());
     out
 }
 
@@ -529,6 +535,7 @@ fn assert_accepted(target: &str, name: &str, b: &[u8]) {
         "cells_config" => {
             orca_relay::config::parse_cells(text(b), &regions).is_ok_and(|c| c.len() == 2)
         }
+        "jwks" => crypto::jwt::parse_jwks_for_fuzzing(b) == Ok(1),
         other => panic!("no check for target {other}"),
     };
     assert!(ok, "seed {target}/{name} is not accepted by its parser");

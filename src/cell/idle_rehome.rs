@@ -410,20 +410,38 @@ async fn run(cell: &Arc<Cell>, b: Body) -> Result<Answer, ()> {
         Register::Stale => return Ok(Answer::of("stale")),
         Register::Await(done) => return Ok(await_result(done).await),
     };
+    // Steps 7–9 run to the end in their own task: the request may go away (the director's 10 s
+    // timeout, a dropped connection) while the commit or its reconcile retries are still under
+    // way, and the gate must stay closed until the store has answered, then reopen.
+    let done = tx.subscribe();
+    let (c, k) = (cell.clone(), key.clone());
+    cell.ctx.spawn("cell-idle-rehome-attempt", async move {
+        settle(&c, &k, &req, &b, &session, rev, tx).await;
+    });
+    Ok(await_result(done).await)
+}
+
+/// Steps 7–9 of a registered attempt; sends the answer to every waiter when the gate reopens.
+async fn settle(
+    cell: &Arc<Cell>,
+    key: &HostKey,
+    req: &RehomeRequest,
+    b: &Body,
+    session: &Arc<super::session::Session>,
+    rev: u64,
+    tx: watch::Sender<Option<Answer>>,
+) {
     // 7. Commit with the merged safety, reconciling a deferral or an unknown outcome.
-    let safety = rules::merge_safety(&b.director_safety, &cell.own_safety(now));
-    let answer = commit_and_settle(cell, &req, &safety, b.cohort_percent).await;
+    let safety = rules::merge_safety(&b.director_safety, &cell.own_safety(now_ms()));
+    let answer = commit_and_settle(cell, req, &safety, b.cohort_percent).await;
     // 8. Forced close unless an unchanged session was deferred.
-    let still_current = cell
-        .registry()
-        .get(&key)
-        .is_some_and(|s| s.id == session.id);
+    let still_current = cell.registry().get(key).is_some_and(|s| s.id == session.id);
     if still_current {
         let rev_now = session.lock().authority_rev;
         if answer.outcome != "deferred" || cell.is_draining() || rev_now != rev {
             retire(
                 cell,
-                &session,
+                session,
                 (close::DRAINING, reason::RESOLVE_CONFIGURED_DIRECTOR),
             );
         }
@@ -435,8 +453,7 @@ async fn run(cell: &Arc<Cell>, b: Body) -> Result<Answer, ()> {
     );
     // 9. The gate reopens.
     cell.idle().attempts.remove(&key.relay_host_id);
-    let _ = tx.send(Some(answer.clone()));
-    Ok(answer)
+    let _ = tx.send(Some(answer));
 }
 
 /// The answer of the running attempt with the same id and authority.

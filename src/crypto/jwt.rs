@@ -501,6 +501,13 @@ impl JwksCache {
     }
 }
 
+/// The fuzzing entry point for the JWKS parser (README § Fuzzing): how many usable keys a fetched
+/// document yields, or why it was refused.
+#[doc(hidden)]
+pub fn parse_jwks_for_fuzzing(body: &[u8]) -> Result<usize, String> {
+    parse_jwks(body).map(|keys| keys.len())
+}
+
 /// Usable entries of a JWKS: `kty` EC, `crv` P-256, `alg` absent or ES256, `use` absent or `sig`.
 fn parse_jwks(body: &[u8]) -> Result<Vec<JwksKey>, String> {
     let doc: Value = serde_json::from_slice(body).map_err(|_| "JWKS is not JSON".to_string())?;

@@ -1,4 +1,5 @@
-//! The director's idle-rehome worker (director.md §8.3): every 6 s ± 20 % it checks the gates,
+//! The director's idle-rehome worker (director.md §8.3): every 6 s ± 20 % (the period is
+//! `ORCA_RELAY_REGION_REHOME_POLL_MS`, shorter only for tests and benchmarks) it checks the gates,
 //! reads one rotating page of hosts with a conclusive preference for another region, selects the
 //! candidates and dispatches each, in key order, to its source cell's `POST
 //! /v1/admin/host-idle-rehome` (protocol.md §13), sorting every answer by the answer table.
@@ -52,9 +53,11 @@ pub fn spawn(d: Arc<Director>, stop: CancellationToken) -> Option<tokio::task::J
             return None;
         }
     };
+    let every_ms = d.ctx.config.region_rehome_poll_ms;
     Some(d.ctx.clone().spawn("director-rehome-worker", async move {
         loop {
-            let wait = Duration::from_millis(rules::poll_wait_ms(rand::random::<f64>()) as u64);
+            let wait =
+                Duration::from_millis(rules::poll_wait_ms(every_ms, rand::random::<f64>()) as u64);
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = tokio::time::sleep(wait) => {}
@@ -261,18 +264,12 @@ impl Worker {
         })
     }
 
-    /// One page of ≤ 50 hosts after the previous page's last key, wrapping at the end: a short
-    /// page means the end was reached, so the next poll starts from the first key again.
+    /// One page of ≤ 50 distinct hosts after the previous page's last key, wrapping at the end
+    /// within the page, so every poll sees up to 50 hosts ([`service::candidate_page`]).
     async fn next_page(&mut self, db: &Db) -> Result<Vec<region::PageHost>, DbError> {
-        let mut page = region::candidate_page(db, self.cursor.as_ref(), rules::PAGE_LIMIT).await?;
-        if page.is_empty() && self.cursor.is_some() {
-            page = region::candidate_page(db, None, rules::PAGE_LIMIT).await?;
-        }
-        self.cursor = if (page.len() as i64) < rules::PAGE_LIMIT {
-            None
-        } else {
-            page.last().map(|p| p.host.clone())
-        };
+        let (page, cursor) =
+            service::candidate_page(db, self.cursor.as_ref(), rules::PAGE_LIMIT).await?;
+        self.cursor = cursor;
         Ok(page)
     }
 

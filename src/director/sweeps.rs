@@ -1,4 +1,5 @@
-//! The sweep chain (director.md §5.6), every 30 s ± 20 % while the director runs. Each step is
+//! The sweep chain (director.md §5.6), every 30 s ± 20 % while the director runs
+//! (`ORCA_RELAY_SWEEP_INTERVAL_MS`). Each step is
 //! isolated; items are locked NOWAIT and skipped when busy, so concurrent directors are safe.
 
 use std::collections::BTreeMap;
@@ -22,15 +23,16 @@ const INVITE_BATCH: i64 = 500;
 const RATE_WINDOW_RETENTION_MS: i64 = 86_400_000;
 /// The dead-cell sweep waits up to 1 s for cell rows (director.md §2).
 const DEAD_CELL_WAIT_MS: u64 = 1_000;
-/// Sweep period (director.md §5.6: every 30 s ± 20 %).
-const SWEEP_EVERY_MS: f64 = 30_000.0;
 
-/// Starts the loop; it stops when `stop` (or the process shutdown) is cancelled.
+/// Starts the loop; it stops when `stop` (or the process shutdown) is cancelled. The period is
+/// `ORCA_RELAY_SWEEP_INTERVAL_MS` ± 20 % (director.md §5.6: 30 s; shorter only in tests and
+/// benchmarks).
 pub fn spawn(d: Arc<Director>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+    let every_ms = d.ctx.config.sweep_interval_ms as f64;
     d.ctx.clone().spawn("director-sweeps", async move {
         loop {
             let jitter = 0.8 + rand::random::<f64>() * 0.4;
-            let wait = Duration::from_millis((SWEEP_EVERY_MS * jitter) as u64);
+            let wait = Duration::from_millis((every_ms * jitter) as u64);
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = d.ctx.shutdown.cancelled() => return,

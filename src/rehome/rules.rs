@@ -1145,10 +1145,10 @@ mod tests {
 // The director worker (§8.3): poll gates, candidates, answers, the skip list. Pure; the worker in
 // `director::rehome_worker` does the reads, the dispatch and the logging.
 
-/// Poll period: 6 s ± 20 % (§8.3).
+/// Poll period: 6 s ± 20 % (§8.3), the default of `ORCA_RELAY_REGION_REHOME_POLL_MS`.
 pub const POLL_EVERY_MS: i64 = 6_000;
 /// Hosts read per poll (§8.3).
-pub const PAGE_LIMIT: i64 = 50;
+pub const PAGE_LIMIT: usize = 50;
 /// Dispatch timeout (§8.3).
 pub const DISPATCH_TIMEOUT_MS: i64 = 10_000;
 /// Failures of one `attemptId` after which it is skipped, and for how long (§8.3).
@@ -1157,10 +1157,48 @@ pub const ATTEMPT_SKIP_MS: i64 = 900_000;
 /// Entries the skip list keeps at most (§8.3: bounded memory).
 pub const SKIP_LIST_MAX: usize = 1_000;
 
-/// The jittered wait before the next poll: `POLL_EVERY_MS` × (0.8 + 0.4·`unit`), `unit` in [0, 1).
-pub fn poll_wait_ms(unit: f64) -> i64 {
+/// The jittered wait before the next poll: `every_ms` × (0.8 + 0.4·`unit`), `unit` in [0, 1).
+pub fn poll_wait_ms(every_ms: i64, unit: f64) -> i64 {
     let u = unit.clamp(0.0, 1.0);
-    (POLL_EVERY_MS as f64 * (0.8 + 0.4 * u)) as i64
+    (every_ms as f64 * (0.8 + 0.4 * u)) as i64
+}
+
+/// The second read of a wrapping page (§8.3: "continuing after the last key of the previous poll
+/// and wrapping at the end"): after the first read returned `first_len` rows after `cursor`, how
+/// many rows to read from the first key up to and including `cursor`; `None` when the page is
+/// already complete (a full first read, or a first read that started at the first key and so saw
+/// every host).
+pub fn wrap_read(has_cursor: bool, first_len: usize, limit: usize) -> Option<usize> {
+    (has_cursor && first_len < limit).then(|| limit - first_len)
+}
+
+/// Joins the two reads of a wrapping page into one page of at most `limit` distinct keys (a wrap
+/// row whose key the page already holds is dropped, so a host never appears twice in one page
+/// even if rows changed between the reads) and the next poll's cursor: the page's last key when
+/// the page is full, else `None` (the page held every host, so the next one starts from the first
+/// key again).
+pub fn join_page<T, K: PartialEq + Clone>(
+    first: Vec<T>,
+    wrap: Vec<T>,
+    limit: usize,
+    key: impl Fn(&T) -> &K,
+) -> (Vec<T>, Option<K>) {
+    let mut page = first;
+    page.truncate(limit);
+    for row in wrap {
+        if page.len() >= limit {
+            break;
+        }
+        if !page.iter().any(|p| key(p) == key(&row)) {
+            page.push(row);
+        }
+    }
+    let cursor = if page.len() >= limit {
+        page.last().map(|p| key(p).clone())
+    } else {
+        None
+    };
+    (page, cursor)
 }
 
 /// The first closed gate of a poll, in the order of §8.3, or `None` when the walk may start.
@@ -1569,10 +1607,113 @@ mod worker_tests {
 
     #[test]
     fn poll_wait_is_6s_plus_minus_20_percent() {
-        assert_eq!(poll_wait_ms(0.0), 4_800);
-        assert_eq!(poll_wait_ms(0.5), 6_000);
-        assert!(poll_wait_ms(0.999_999) <= 7_200);
-        assert_eq!(poll_wait_ms(7.0), 7_200, "clamped");
+        assert_eq!(poll_wait_ms(POLL_EVERY_MS, 0.0), 4_800);
+        assert_eq!(poll_wait_ms(POLL_EVERY_MS, 0.5), 6_000);
+        assert!(poll_wait_ms(POLL_EVERY_MS, 0.999_999) <= 7_200);
+        assert_eq!(poll_wait_ms(POLL_EVERY_MS, 7.0), 7_200, "clamped");
+        // A configured period keeps the ±20 % jitter.
+        assert_eq!(poll_wait_ms(500, 0.0), 400);
+        assert_eq!(poll_wait_ms(500, 1.0), 600);
+    }
+
+    /// Keys 1..=n in key order.
+    fn keys(from: u32, to: u32) -> Vec<u32> {
+        (from..=to).collect()
+    }
+
+    /// One poll of the wrapping page over the key set `all` (sorted), as the worker composes it:
+    /// the read after the cursor, the wrap read when [`wrap_read`] asks for one, [`join_page`].
+    fn poll(all: &[u32], cursor: Option<u32>, limit: usize) -> (Vec<u32>, Option<u32>) {
+        let first: Vec<u32> = all
+            .iter()
+            .copied()
+            .filter(|k| cursor.is_none_or(|c| *k > c))
+            .take(limit)
+            .collect();
+        let wrap: Vec<u32> = match wrap_read(cursor.is_some(), first.len(), limit) {
+            Some(n) => all
+                .iter()
+                .copied()
+                .filter(|k| cursor.is_some_and(|c| *k <= c))
+                .take(n)
+                .collect(),
+            None => vec![],
+        };
+        join_page(first, wrap, limit, |k| k)
+    }
+
+    #[test]
+    fn wrap_read_only_for_a_short_read_after_a_cursor() {
+        assert_eq!(wrap_read(false, 3, 50), None, "from the first key: saw all");
+        assert_eq!(wrap_read(true, 50, 50), None, "full page");
+        assert_eq!(wrap_read(true, 3, 50), Some(47));
+        assert_eq!(wrap_read(true, 0, 50), Some(50), "cursor at the last key");
+    }
+
+    /// 53 hosts: every poll sees 50 distinct hosts, the cursor walks on from the page's last key,
+    /// and no host goes unseen for more than two polls (the short-page problem: 1..50, 51..53,
+    /// 1..50, … would see 51..53 alone every other poll).
+    #[test]
+    fn pages_wrap_with_50_distinct_hosts_each() {
+        let all = keys(1, 53);
+        let (p1, c1) = poll(&all, None, 50);
+        assert_eq!(p1, keys(1, 50));
+        assert_eq!(c1, Some(50));
+        let (p2, c2) = poll(&all, c1, 50);
+        let mut want = keys(51, 53);
+        want.extend(keys(1, 47));
+        assert_eq!(p2, want, "the short read is filled from the first key");
+        assert_eq!(c2, Some(47));
+        let (p3, c3) = poll(&all, c2, 50);
+        let mut want = keys(48, 53);
+        want.extend(keys(1, 44));
+        assert_eq!(p3, want);
+        assert_eq!(c3, Some(44));
+        let mut cursor = None;
+        let mut last_seen = vec![0usize; 54];
+        for n in 1..=200 {
+            let (page, next) = poll(&all, cursor, 50);
+            assert_eq!(page.len(), 50, "poll {n}");
+            let mut distinct = page.clone();
+            distinct.sort();
+            distinct.dedup();
+            assert_eq!(distinct.len(), 50, "poll {n}: a host repeated in one page");
+            for k in page {
+                last_seen[k as usize] = n;
+            }
+            for k in &all {
+                assert!(
+                    n - last_seen[*k as usize] < 2,
+                    "host {k} unseen for 2 polls"
+                );
+            }
+            cursor = next;
+        }
+    }
+
+    #[test]
+    fn fewer_hosts_than_a_page_are_all_read_each_poll() {
+        let all = keys(1, 7);
+        let (p, c) = poll(&all, None, 50);
+        assert_eq!((p, c), (keys(1, 7), None));
+        // A cursor left by an earlier, larger set: after it, then from the first key, once each.
+        let (p, c) = poll(&all, Some(4), 50);
+        let mut want = keys(5, 7);
+        want.extend(keys(1, 4));
+        assert_eq!((p, c), (want, None));
+        let (p, c) = poll(&[], Some(4), 50);
+        assert_eq!((p, c), (vec![], None));
+    }
+
+    #[test]
+    fn join_page_never_repeats_a_key_and_caps_the_page() {
+        // Rows inserted between the two reads may show up in both: kept once.
+        let (p, c) = join_page(vec![5, 6], vec![1, 5, 6, 2], 50, |k: &u32| k);
+        assert_eq!((p, c), (vec![5, 6, 1, 2], None));
+        let (p, c) = join_page(vec![8, 9], vec![1, 2, 3], 3, |k: &u32| k);
+        assert_eq!((p, c), (vec![8, 9, 1], Some(1)));
+        let (p, c) = join_page(keys(1, 60), vec![], 50, |k: &u32| k);
+        assert_eq!((p.len(), c), (50, Some(50)));
     }
 
     fn decision() -> Decision {

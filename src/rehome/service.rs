@@ -45,6 +45,24 @@ pub async fn all_cell_facts(db: &Db, now: i64) -> Result<Vec<CellFacts>, DbError
         .collect())
 }
 
+/// The worker's page of §8.3 (plain reads): up to `limit` distinct hosts with a conclusive
+/// preference for another region, continuing after `cursor` and wrapping at the end *within* the
+/// page (a short read after the cursor is filled from the first key through the cursor), so every
+/// poll sees up to `limit` hosts. Returns the page and the next poll's cursor
+/// ([`rules::join_page`]).
+pub async fn candidate_page(
+    db: &Db,
+    cursor: Option<&HostKey>,
+    limit: usize,
+) -> Result<(Vec<region::PageHost>, Option<HostKey>), DbError> {
+    let first = region::candidate_page(db, cursor, None, limit as i64).await?;
+    let wrap = match rules::wrap_read(cursor.is_some(), first.len(), limit) {
+        Some(n) => region::candidate_page(db, None, cursor, n as i64).await?,
+        None => Vec::new(),
+    };
+    Ok(rules::join_page(first, wrap, limit, |p| &p.host))
+}
+
 // ---------------------------------------------------------------------------------------------------
 // §8.1 windows and reports
 

@@ -559,28 +559,45 @@ pub struct PageHost {
     pub decision: Decision,
 }
 
+const PAGE_COLUMNS: &str = "SELECT a.user_id, a.relay_host_id, a.cell_id, a.assignment_epoch, d.generation, \
+     d.assignment_epoch, d.incumbent_region, d.policy_version, d.cohort_bucket, d.outcome, d.preferred_region, \
+     d.expires_at, d.observed_at FROM relay_region_decisions d JOIN relay_assignments a \
+     ON a.user_id = d.user_id AND a.relay_host_id = d.relay_host_id \
+     WHERE d.outcome = 'conclusive' AND d.preferred_region IS NOT NULL \
+     AND (a.user_id > $1 OR (a.user_id = $1 AND a.relay_host_id > $2))";
+
 /// Up to `limit` hosts with a conclusive decision preferring another region, in key order after
-/// `after` (exclusive; `None` = from the start).
+/// `after` (exclusive; `None` = from the first key) and up to `through` (inclusive; `None` = to
+/// the last key). The worker's wrapping page is two of these reads: after its cursor, then from
+/// the first key through the cursor.
 pub async fn candidate_page(
     db: &Db,
     after: Option<&HostKey>,
+    through: Option<&HostKey>,
     limit: i64,
 ) -> Result<Vec<PageHost>, DbError> {
     let (u, h) = after
         .map(|k| (k.user_id.clone(), k.relay_host_id.clone()))
         .unwrap_or_default();
-    let rows = db
-        .query(
-            "SELECT a.user_id, a.relay_host_id, a.cell_id, a.assignment_epoch, d.generation, d.assignment_epoch, \
-             d.incumbent_region, d.policy_version, d.cohort_bucket, d.outcome, d.preferred_region, d.expires_at, \
-             d.observed_at FROM relay_region_decisions d JOIN relay_assignments a \
-             ON a.user_id = d.user_id AND a.relay_host_id = d.relay_host_id \
-             WHERE d.outcome = 'conclusive' AND d.preferred_region IS NOT NULL \
-             AND (a.user_id > $1 OR (a.user_id = $1 AND a.relay_host_id > $2)) \
-             ORDER BY a.user_id, a.relay_host_id LIMIT $3",
-            params![u, h, limit],
-        )
-        .await?;
+    let rows = match through {
+        None => {
+            db.query(
+                &format!("{PAGE_COLUMNS} ORDER BY a.user_id, a.relay_host_id LIMIT $3"),
+                params![u, h, limit],
+            )
+            .await?
+        }
+        Some(t) => {
+            db.query(
+                &format!(
+                    "{PAGE_COLUMNS} AND (a.user_id < $4 OR (a.user_id = $4 AND a.relay_host_id <= $5)) \
+                     ORDER BY a.user_id, a.relay_host_id LIMIT $3"
+                ),
+                params![u, h, limit, &t.user_id, &t.relay_host_id],
+            )
+            .await?
+        }
+    };
     Ok(rows
         .iter()
         .map(|r| PageHost {

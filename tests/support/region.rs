@@ -399,6 +399,9 @@ pub struct HostPlan {
     pub measurements: Option<Vec<(String, i64)>>,
     /// Pair a phone after every activation and keep the splice open (the host is never idle).
     pub splice: bool,
+    /// Pair a phone (once per activation) as soon as this flag is set: the host is idle until
+    /// then and never idle after.
+    pub splice_on: Option<Arc<AtomicBool>>,
 }
 
 /// One activation.
@@ -423,6 +426,8 @@ pub struct HostStats {
     pub reported: bool,
     /// Splices paired.
     pub splices: u32,
+    /// When the first splice was paired.
+    pub first_splice_at: Option<Instant>,
 }
 
 impl HostStats {
@@ -573,7 +578,7 @@ pub async fn run_host(
             });
             s.connected = true;
         }
-        let mut held = Vec::new();
+        let mut held: Vec<tokio::task::JoinHandle<()>> = Vec::new();
         if let Some(m) = plan
             .measurements
             .as_ref()
@@ -605,18 +610,7 @@ pub async fn run_host(
                 }
             }
         }
-        if plan.splice {
-            if let Ok(invite) = control.create_invite("r1", "d1").await {
-                if let Ok(pair) =
-                    testkit::pair_phone(&grant.0, &mut control, &host.relay_host_id, &invite, &[])
-                        .await
-                {
-                    stats.lock().unwrap().splices += 1;
-                    held.push(drain_socket(pair.phone));
-                    held.push(drain_socket(pair.data));
-                }
-            }
-        }
+        let mut spliced = false;
         // Hold the control until the cell closes it (drain, move, roll) or the run stops.
         loop {
             if stop.load(Ordering::SeqCst) {
@@ -624,6 +618,31 @@ pub async fn run_host(
                     h.abort();
                 }
                 return;
+            }
+            let wanted = plan.splice
+                || plan
+                    .splice_on
+                    .as_ref()
+                    .is_some_and(|f| f.load(Ordering::SeqCst));
+            if wanted && !spliced {
+                spliced = true;
+                if let Ok(invite) = control.create_invite("r1", "d1").await {
+                    if let Ok(pair) = testkit::pair_phone(
+                        &grant.0,
+                        &mut control,
+                        &host.relay_host_id,
+                        &invite,
+                        &[],
+                    )
+                    .await
+                    {
+                        let mut s = stats.lock().unwrap();
+                        s.splices += 1;
+                        s.first_splice_at.get_or_insert_with(Instant::now);
+                        held.push(drain_socket(pair.phone));
+                        held.push(drain_socket(pair.data));
+                    }
+                }
             }
             match control.recv(Duration::from_millis(250)).await {
                 Ok(_) => {}
