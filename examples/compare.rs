@@ -203,12 +203,15 @@ fn start(kind: &str, a: &Args, p: &Paths, pin: bool) -> Option<Relay> {
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped());
             let mut child = cmd.spawn().expect("spawn orca-relay");
-            let url = wait_for_line(child.stderr.take().unwrap(), "listening on ");
-            Some(Relay {
+            let stderr = child.stderr.take().unwrap();
+            // Owned before waiting: a relay that never starts is still killed (on unwind).
+            let mut relay = Relay {
                 child,
-                url,
+                url: String::new(),
                 _dir: Some(dir),
-            })
+            };
+            relay.url = wait_for_line(stderr, "listening on ");
+            Some(relay)
         }
         "node" | "c" => {
             let mut cmd = if kind == "node" {
@@ -224,12 +227,14 @@ fn start(kind: &str, a: &Args, p: &Paths, pin: bool) -> Option<Relay> {
             };
             cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
             let mut child = cmd.spawn().ok()?;
-            let port = wait_for_line(child.stdout.take().unwrap(), "listening on ");
-            Some(Relay {
+            let stdout = child.stdout.take().unwrap();
+            let mut relay = Relay {
                 child,
-                url: format!("ws://127.0.0.1:{port}"),
+                url: String::new(),
                 _dir: None,
-            })
+            };
+            relay.url = format!("ws://127.0.0.1:{}", wait_for_line(stdout, "listening on "));
+            Some(relay)
         }
         _ => None,
     }
