@@ -12,6 +12,11 @@
 //! built-in TLS: its pairs dial `wss://` and each throughput run is repeated over TLS right after
 //! the plain one, reported under `wss` with the frames/s ratio.
 //!
+//! `--plain-url ws://…` measures a plain relay instead (pairs by `/a/<key>` and `/b/<key>`:
+//! `examples/node_relay`, `examples/c_relay`), `--no-relay 1` measures the generator against
+//! itself over loopback (its own floor and ceiling); `examples/compare.rs` runs all of them side by
+//! side. `--latency-pairs N` runs the latency rounds on the first N pairs only.
+//!
 //! The server should trust one proxy hop (`ORCA_RELAY_TRUSTED_PROXY_HOPS=1`): every pair sends its
 //! own `X-Forwarded-For` so pre-auth windows (30 per source per minute) are per pair.
 
@@ -47,6 +52,16 @@ struct Args {
     plain_relay: Option<String>,
     latency_rounds: usize,
     skip_throughput: bool,
+    /// Measure a plain relay (`ws://host:port`, paired by `/a/<key>` and `/b/<key>`) instead of
+    /// orca-relay: throughput and latency run on its pairs (`examples/compare.rs` uses this).
+    plain_url: Option<String>,
+    /// Measure no relay at all: each pair is one loopback TCP connection between the generator's
+    /// own client and server sockets, the generator's floor (latency) and ceiling (throughput).
+    no_relay: bool,
+    /// Pairs used for the latency rounds (the first N of `--pairs`; default all of them).
+    latency_pairs: Option<usize>,
+    latency_seconds: u64,
+    skip_latency: bool,
 }
 
 fn args() -> Args {
@@ -68,6 +83,11 @@ fn args() -> Args {
         plain_relay: None,
         latency_rounds: 1,
         skip_throughput: false,
+        plain_url: None,
+        no_relay: false,
+        latency_pairs: None,
+        latency_seconds: 10,
+        skip_latency: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -91,6 +111,11 @@ fn args() -> Args {
             "--plain-relay" => a.plain_relay = Some(v),
             "--latency-rounds" => a.latency_rounds = v.parse().expect("--latency-rounds"),
             "--skip-throughput" => a.skip_throughput = v == "1" || v == "true",
+            "--plain-url" => a.plain_url = Some(v),
+            "--no-relay" => a.no_relay = v == "1" || v == "true",
+            "--latency-pairs" => a.latency_pairs = Some(v.parse().expect("--latency-pairs")),
+            "--latency-seconds" => a.latency_seconds = v.parse().expect("--latency-seconds"),
+            "--skip-latency" => a.skip_latency = v == "1" || v == "true",
             other => panic!("unknown flag {other}"),
         }
         i += 2;
@@ -115,6 +140,74 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
     Some(ticks as f64 / 100.0)
+}
+
+/// Per thread name of a process: (CPU ticks, voluntary, involuntary context switches). An
+/// involuntary switch is the OS taking the core from a thread that still had work: the scheduler's
+/// share of a tail, told apart by thread (the runtime's workers, the store's threads, …).
+fn sched_counters(pid: u32) -> Option<std::collections::BTreeMap<String, [u64; 3]>> {
+    let mut out = std::collections::BTreeMap::<String, [u64; 3]>::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let tick = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let mut name = String::new();
+        let (mut vol, mut invol) = (0, 0);
+        for l in status.lines() {
+            let num = |p: &str| l.strip_prefix(p).and_then(|v| v.trim().parse::<u64>().ok());
+            if let Some(n) = l.strip_prefix("Name:") {
+                // Numbered threads of one pool count together ("sqlite-3" → "sqlite-").
+                name = n
+                    .trim()
+                    .trim_end_matches(|c: char| c.is_ascii_digit())
+                    .to_string();
+            } else if let Some(v) = num("voluntary_ctxt_switches:") {
+                vol = v;
+            } else if let Some(v) = num("nonvoluntary_ctxt_switches:") {
+                invol = v;
+            }
+        }
+        let e = out.entry(name).or_default();
+        e[0] += tick(11) + tick(12);
+        e[1] += vol;
+        e[2] += invol;
+    }
+    Some(out)
+}
+
+/// What the relay's threads did between two [`sched_counters`] readings.
+fn sched_delta(
+    before: &std::collections::BTreeMap<String, [u64; 3]>,
+    after: &std::collections::BTreeMap<String, [u64; 3]>,
+) -> serde_json::Value {
+    let mut threads = serde_json::Map::new();
+    let mut total = [0u64; 3];
+    for (name, e) in after {
+        let b = before.get(name).copied().unwrap_or_default();
+        let d = [0, 1, 2].map(|i| e[i].saturating_sub(b[i]));
+        if d.iter().any(|v| *v > 0) {
+            threads.insert(
+                name.clone(),
+                json!({"cpuTicks": d[0], "voluntary": d[1], "involuntary": d[2]}),
+            );
+        }
+        for i in 0..3 {
+            total[i] += d[i];
+        }
+    }
+    json!({
+        "serverCpuSeconds": total[0] as f64 / 100.0,
+        "serverVoluntaryContextSwitches": total[1],
+        "serverInvoluntaryContextSwitches": total[2],
+        "serverThreads": threads,
+    })
 }
 
 static SOURCE: AtomicU64 = AtomicU64::new(1);
@@ -248,6 +341,10 @@ struct RawDir {
 /// Drives one pair on the raw TCP streams under the WebSockets (at a frame boundary): up to
 /// `inflight` frames outstanding per direction, windows refilled in batches. The generator stays
 /// cheap (no per-frame parsing or masking), so the server is what gets measured.
+///
+/// `direct`: the pair is one loopback connection (`--no-relay`), `data` being the server end: the
+/// masked frames written on one end arrive as they are on the other.
+#[allow(clippy::too_many_arguments)]
 async fn drive(
     phone: ClientWs,
     data: ClientWs,
@@ -256,35 +353,45 @@ async fn drive(
     stop: Instant,
     up: Arc<AtomicU64>,
     down: Arc<AtomicU64>,
+    direct: bool,
 ) -> (ClientWs, ClientWs) {
+    use tokio_tungstenite::tungstenite::protocol::Role;
     use tokio_tungstenite::MaybeTlsStream;
     let cfg = Some(testkit::client_config());
-    let role = tokio_tungstenite::tungstenite::protocol::Role::Client;
-    let wrap = |s| tokio_tungstenite::WebSocketStream::from_raw_socket(s, role, cfg);
+    let wrap = |s, role| tokio_tungstenite::WebSocketStream::from_raw_socket(s, role, cfg);
+    let data_role = if direct { Role::Server } else { Role::Client };
+    let in_len = if direct {
+        masked_frame(size).len()
+    } else {
+        server_frame_len(size)
+    };
     match (phone.into_inner(), data.into_inner()) {
         (MaybeTlsStream::Plain(p), MaybeTlsStream::Plain(d)) => {
-            let (p, d) = drive_raw(p, d, size, inflight, stop, up, down).await;
+            let (p, d) = drive_raw(p, d, size, in_len, inflight, stop, up, down).await;
             (
-                wrap(MaybeTlsStream::Plain(p)).await,
-                wrap(MaybeTlsStream::Plain(d)).await,
+                wrap(MaybeTlsStream::Plain(p), Role::Client).await,
+                wrap(MaybeTlsStream::Plain(d), data_role).await,
             )
         }
         (MaybeTlsStream::Rustls(p), MaybeTlsStream::Rustls(d)) => {
-            let (p, d) = drive_raw(p, d, size, inflight, stop, up, down).await;
+            let (p, d) = drive_raw(p, d, size, in_len, inflight, stop, up, down).await;
             (
-                wrap(MaybeTlsStream::Rustls(p)).await,
-                wrap(MaybeTlsStream::Rustls(d)).await,
+                wrap(MaybeTlsStream::Rustls(p), Role::Client).await,
+                wrap(MaybeTlsStream::Rustls(d), data_role).await,
             )
         }
         _ => panic!("both legs plain or both TLS"),
     }
 }
 
-/// [`drive`] on the byte streams (plain TCP, or the TLS client streams of `wss://`).
+/// [`drive`] on the byte streams (plain TCP, or the TLS client streams of `wss://`); `in_len` is
+/// the length of one arriving frame.
+#[allow(clippy::too_many_arguments)]
 async fn drive_raw<S>(
     p: S,
     d: S,
     size: usize,
+    in_len: usize,
     inflight: usize,
     stop: Instant,
     up: Arc<AtomicU64>,
@@ -303,7 +410,6 @@ where
         .cycle()
         .take(frame.len() * inflight)
         .collect();
-    let in_len = server_frame_len(size);
     let refill_at = inflight.saturating_sub((inflight / 4).max(1));
     let new_dir = || RawDir {
         out: 0,
@@ -374,6 +480,7 @@ async fn throughput(
     inflight: usize,
     seconds: u64,
     pid: Option<u32>,
+    direct: bool,
 ) -> (serde_json::Value, Vec<Pair>) {
     let cpu0 = pid.and_then(cpu_seconds);
     let up = Arc::new(AtomicU64::new(0));
@@ -392,6 +499,7 @@ async fn throughput(
             stop,
             up.clone(),
             down.clone(),
+            direct,
         )));
     }
     let mut back = Vec::new();
@@ -426,67 +534,110 @@ async fn throughput(
     )
 }
 
-/// One-hop latency at `rate` messages/s per pair and direction: timestamps ride in the payload.
+type Tx = futures_util::stream::SplitSink<ClientWs, Message>;
+type Rx = futures_util::stream::SplitStream<ClientWs>;
+
+/// Sends `n` timestamps (ns since `epoch`, 8 bytes) from `first` on, one per `period`.
+async fn send_timestamps(
+    mut tx: Tx,
+    first: tokio::time::Instant,
+    period: Duration,
+    n: usize,
+    epoch: Instant,
+) -> Tx {
+    let mut tick = tokio::time::interval_at(first, period);
+    for _ in 0..n {
+        tick.tick().await;
+        let t = (epoch.elapsed().as_nanos() as u64).to_be_bytes();
+        tx.send(Message::binary(t.to_vec())).await.unwrap();
+    }
+    tx
+}
+
+/// Reads `n` timestamps; returns (send time, one-way latency) in ns per message.
+async fn receive_timestamps(mut rx: Rx, n: usize, epoch: Instant) -> (Vec<(u64, u64)>, Rx) {
+    let mut samples = Vec::with_capacity(n);
+    while samples.len() < n {
+        match rx.next().await {
+            Some(Ok(Message::Binary(b))) if b.len() == 8 => {
+                let sent = u64::from_be_bytes(b[..8].try_into().unwrap());
+                samples.push((sent, epoch.elapsed().as_nanos() as u64 - sent));
+            }
+            Some(Ok(_)) => {} // pings (answered by tungstenite), pongs
+            other => panic!("latency socket ended: {other:?}"),
+        }
+    }
+    (samples, rx)
+}
+
+/// One-way latency at `rate` messages/s per pair and direction: the send time rides in the
+/// payload. The 2 × pairs senders are spread evenly over one period (pair i's phone→host at slot
+/// 2i, host→phone at 2i+1), so the relay sees a steady stream (1,000 msgs/s is one message per
+/// millisecond), not one burst per period; every socket has its own reader, so a late message on
+/// one socket never delays reading another. The slowest samples are reported with their send
+/// times, to see whether the tail is periodic (a timer in the relay) or scattered.
 async fn latency(pairs: Vec<Pair>, rate: u64, seconds: u64) -> (serde_json::Value, Vec<Pair>) {
     let epoch = Instant::now();
+    let period = Duration::from_micros(1_000_000 / rate.max(1));
+    let n = (rate * seconds) as usize;
+    let slots = 2 * pairs.len().max(1) as u32;
+    let start = tokio::time::Instant::now() + Duration::from_millis(20);
+    let at = |slot: usize| start + period * slot as u32 / slots;
     let mut tasks = Vec::new();
-    for p in pairs {
+    for (i, p) in pairs.into_iter().enumerate() {
         let (hello, conn_id) = (p.hello, p.conn_id);
-        tasks.push(tokio::spawn(async move {
-            let (mut ptx, mut prx) = p.phone.split();
-            let (mut dtx, mut drx) = p.data.split();
-            let period = Duration::from_micros(1_000_000 / rate.max(1));
-            let n = rate * seconds;
-            let sender = tokio::spawn(async move {
-                let mut tick = tokio::time::interval(period);
-                for _ in 0..n {
-                    tick.tick().await;
-                    let t = (epoch.elapsed().as_nanos() as u64).to_be_bytes().to_vec();
-                    ptx.send(Message::binary(t.clone())).await.unwrap();
-                    dtx.send(Message::binary(t)).await.unwrap();
-                }
-                (ptx, dtx)
-            });
-            let mut samples = Vec::with_capacity(2 * n as usize);
-            let read = |m: Option<Result<Message, _>>| -> Option<u64> {
-                match m {
-                    Some(Ok(Message::Binary(b))) if b.len() == 8 => {
-                        let sent = u64::from_be_bytes(b[..8].try_into().unwrap());
-                        Some(epoch.elapsed().as_nanos() as u64 - sent)
-                    }
-                    _ => None,
-                }
-            };
-            for _ in 0..n {
-                samples.extend(read(drx.next().await));
-                samples.extend(read(prx.next().await));
-            }
-            let (ptx, dtx) = sender.await.unwrap();
+        let (ptx, prx) = p.phone.split();
+        let (dtx, drx) = p.data.split();
+        let up = tokio::spawn(send_timestamps(ptx, at(2 * i), period, n, epoch));
+        let down = tokio::spawn(send_timestamps(dtx, at(2 * i + 1), period, n, epoch));
+        let up_rx = tokio::spawn(receive_timestamps(drx, n, epoch));
+        let down_rx = tokio::spawn(receive_timestamps(prx, n, epoch));
+        tasks.push(async move {
+            let (mut a, drx) = up_rx.await.unwrap();
+            let (b, prx) = down_rx.await.unwrap();
+            let (ptx, dtx) = (up.await.unwrap(), down.await.unwrap());
+            a.extend(b);
             let pair = Pair {
                 phone: ptx.reunite(prx).expect("same socket"),
                 data: dtx.reunite(drx).expect("same socket"),
                 hello,
                 conn_id,
             };
-            (samples, pair)
-        }));
+            (a, pair)
+        });
     }
     let mut all = Vec::new();
     let mut back = Vec::new();
     for t in tasks {
-        let (samples, pair) = t.await.unwrap();
+        let (samples, pair) = t.await;
         all.extend(samples);
         back.push(pair);
     }
-    all.sort_unstable();
+    let mut lat: Vec<u64> = all.iter().map(|s| s.1).collect();
+    lat.sort_unstable();
     let pct = |p: f64| {
-        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
+        lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1)))
             .copied()
             .unwrap_or(0) as f64
             / 1000.0
     };
+    all.sort_unstable_by_key(|s| std::cmp::Reverse(s.1));
+    let t0 = all.iter().map(|s| s.0).min().unwrap_or(0);
+    let worst: Vec<_> = all
+        .iter()
+        .take(8)
+        .map(|&(sent, l)| json!([((sent - t0) as f64 / 1e6).round(), (l as f64 / 1e3).round()]))
+        .collect();
     (
-        json!({"ratePerPairAndDirection": rate, "samples": all.len(), "p50Micros": pct(0.50), "p99Micros": pct(0.99)}),
+        json!({
+            "ratePerPairAndDirection": rate,
+            "samples": lat.len(),
+            "p50Micros": pct(0.50),
+            "p99Micros": pct(0.99),
+            "p999Micros": pct(0.999),
+            "maxMicros": pct(1.0),
+            "worstSendMsAndMicros": worst,
+        }),
         back,
     )
 }
@@ -518,6 +669,47 @@ async fn plain_pairs(relay: &str, n: usize) -> Vec<Pair> {
     out
 }
 
+/// `n` pairs with no relay between them (`--no-relay`): the phone end dials the generator's own
+/// loopback listener with the same client stack, and the data end is the accepted socket as a
+/// server-role WebSocket (Nagle off on both ends, as every relay here sets it).
+async fn direct_pairs(n: usize) -> Vec<Pair> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("ws://{}/direct", listener.local_addr().expect("addr"));
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let accept = async {
+            let (tcp, _) = listener.accept().await.expect("accept");
+            tcp.set_nodelay(true).expect("nodelay");
+            tokio_tungstenite::accept_async_with_config(
+                tokio_tungstenite::MaybeTlsStream::Plain(tcp),
+                Some(testkit::client_config()),
+            )
+            .await
+            .expect("accept handshake")
+        };
+        let dial = async {
+            let (ws, _) = tokio_tungstenite::connect_async_with_config(
+                url.as_str(),
+                Some(testkit::client_config()),
+                true,
+            )
+            .await
+            .expect("dial");
+            ws
+        };
+        let (data, phone) = tokio::join!(accept, dial);
+        out.push(Pair {
+            phone,
+            data,
+            hello: json!(null),
+            conn_id: String::new(),
+        });
+    }
+    out
+}
+
 /// The median of one field over rounds.
 fn median(rounds: &[serde_json::Value], key: &str) -> f64 {
     let mut v: Vec<f64> = rounds.iter().filter_map(|r| r[key].as_f64()).collect();
@@ -533,7 +725,13 @@ async fn main() {
     if let Some(ca) = &a.ca {
         testkit::trust_extra_ca(&std::fs::read(ca).expect("--ca file"));
     }
-    let pairs = setup(&a, false, "tp", a.pairs, 1, 32).await;
+    let pairs = if a.no_relay {
+        direct_pairs(a.pairs).await
+    } else if let Some(url) = &a.plain_url {
+        plain_pairs(url, a.pairs).await
+    } else {
+        setup(&a, false, "tp", a.pairs, 1, 32).await
+    };
     report.insert("pairs".into(), json!(pairs.len()));
     report.insert("setupSeconds".into(), json!(t.elapsed().as_secs_f64()));
     let mut tls_pairs = match &a.tls_url {
@@ -548,12 +746,14 @@ async fn main() {
         &[(64, "throughput64B"), (16 * 1024, "throughput16KiB")]
     };
     for &(size, key) in sizes {
-        let (plain, back) = throughput(pairs, size, a.inflight, a.seconds, a.server_pid).await;
+        let (plain, back) =
+            throughput(pairs, size, a.inflight, a.seconds, a.server_pid, a.no_relay).await;
         pairs = back;
         eprintln!("{key} ws: {plain}");
         // Interleaved with the plain run, so both see the same machine load.
         if let Some(tp) = tls_pairs.take() {
-            let (tls, back) = throughput(tp, size, a.inflight, a.seconds, a.tls_server_pid).await;
+            let (tls, back) =
+                throughput(tp, size, a.inflight, a.seconds, a.tls_server_pid, false).await;
             tls_pairs = Some(back);
             eprintln!("{key} wss: {tls}");
             let ratio = tls["framesPerSecond"].as_f64().unwrap_or(0.0)
@@ -570,26 +770,51 @@ async fn main() {
         report.insert("wss".into(), serde_json::Value::Object(tls_report));
     }
     drop(tls_pairs);
+    let latency_pairs = a.latency_pairs.unwrap_or(a.pairs).min(pairs.len());
     let mut plain = match &a.plain_relay {
-        Some(r) => Some(plain_pairs(r, a.pairs).await),
+        Some(r) => Some(plain_pairs(r, latency_pairs).await),
         None => None,
     };
     // Alternating rounds (ours, plain, ours, plain, …): both see the same machine load.
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-    for round in 0..a.latency_rounds.max(1) {
-        let (lat, back) = latency(pairs, a.latency_rate, a.seconds.min(10)).await;
+    let rounds = if a.skip_latency {
+        0
+    } else {
+        a.latency_rounds.max(1)
+    };
+    for round in 0..rounds {
+        let rest = pairs.split_off(latency_pairs);
+        let before = a.server_pid.and_then(sched_counters);
+        let (mut lat, back) = latency(pairs, a.latency_rate, a.latency_seconds).await;
+        if let (Some(b), Some(e)) = (before, a.server_pid.and_then(sched_counters)) {
+            if let (Some(l), serde_json::Value::Object(d)) =
+                (lat.as_object_mut(), sched_delta(&b, &e))
+            {
+                l.extend(d);
+            }
+        }
         pairs = back;
+        pairs.extend(rest);
         eprintln!("latency round {round}: {lat}");
         ours.push(lat);
         if let Some(pp) = plain.take() {
-            let (lat, back) = latency(pp, a.latency_rate, a.seconds.min(10)).await;
+            let (lat, back) = latency(pp, a.latency_rate, a.latency_seconds).await;
             plain = Some(back);
             eprintln!("plain relay latency round {round}: {lat}");
             theirs.push(lat);
         }
     }
-    let summary = |r: &[serde_json::Value]| json!({"rounds": r, "medianP50Micros": median(r, "p50Micros"), "medianP99Micros": median(r, "p99Micros")});
-    report.insert("latency".into(), summary(&ours));
+    let summary = |r: &[serde_json::Value]| {
+        json!({
+            "rounds": r,
+            "medianP50Micros": median(r, "p50Micros"),
+            "medianP99Micros": median(r, "p99Micros"),
+            "medianP999Micros": median(r, "p999Micros"),
+        })
+    };
+    if !ours.is_empty() {
+        report.insert("latency".into(), summary(&ours));
+    }
     if !theirs.is_empty() {
         report.insert("plainRelayLatency".into(), summary(&theirs));
     }

@@ -1,0 +1,545 @@
+//! The side-by-side relay comparison of issue 12, in one go: orca-relay (release build), the
+//! minimal Node.js `ws` relay (`examples/node_relay`), a raw C epoll relay
+//! (`examples/c_relay/relay.c`, compiled here with `cc -O2`) and no relay at all (the load
+//! generator's own loopback floor), each measured by the same load generator (`examples/loadgen`):
+//! 64 B frames/s and 16 KiB MB/s with `--pairs` pairs and `--inflight` frames in flight per pair and
+//! direction, then one-way latency with `--latency-pairs` pairs at `--latency-rate` messages/s per
+//! pair and direction (10 × 50 × 2 = 1,000 msgs/s). Every relay is pinned to one core and the load
+//! generator to the other (`taskset`, when present), one relay process at a time, and the rounds
+//! rotate the order so each relay sees the same machine. Prints a table of medians over the rounds
+//! (stdout) and every round's JSON (stderr, one line per measurement).
+//!
+//! ```text
+//! cargo run --release --example compare                  # 3 rounds, everything
+//! cargo run --release --example compare -- --rounds 5 --only ours,node --ours-env TOKIO_WORKER_THREADS=2
+//! ```
+//! It builds `orca-relay` and `loadgen` itself (`cargo build --release`, the binary without the
+//! test-only features examples turn on), runs `npm ci` in `examples/node_relay` when its
+//! `node_modules` is missing, and skips (with a note) a relay whose toolchain is absent.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+const SIGNING: &str = "compare-bench-signing-key-0123456789abcdef";
+/// `ours`: `--role all` (the single-node default); `cell`: `--role director,cell` (no push worker);
+/// `node`, `c`: the plain relays; `none`: the load generator against itself.
+const KINDS: [&str; 5] = ["ours", "cell", "node", "c", "none"];
+
+struct Args {
+    rounds: usize,
+    pairs: usize,
+    inflight: usize,
+    seconds: u64,
+    latency_pairs: usize,
+    latency_rate: u64,
+    latency_seconds: u64,
+    relay_core: usize,
+    loadgen_core: usize,
+    only: Vec<String>,
+    ours_env: Vec<(String, String)>,
+    build: bool,
+    /// Niceness for the relays and the load generator (`nice -n`; negative needs root): on a
+    /// shared machine it keeps other processes' CPU bursts out of the measured tail, equally for
+    /// every relay.
+    nice: i32,
+    /// SCHED_FIFO priority of the second latency run (relay and load generator), 0 = none: the
+    /// relays' own tails without other processes' time slices in them (needs root).
+    rt: u32,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        rounds: 3,
+        pairs: 100,
+        inflight: 16,
+        seconds: 4,
+        latency_pairs: 10,
+        latency_rate: 50,
+        latency_seconds: 10,
+        relay_core: 0,
+        loadgen_core: 1,
+        only: KINDS.map(String::from).to_vec(),
+        ours_env: Vec::new(),
+        build: true,
+        nice: 0,
+        rt: 5,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i + 1 < argv.len() {
+        let v = argv[i + 1].clone();
+        let num = |what: &str| -> u64 { v.parse().unwrap_or_else(|_| panic!("{what}: a number")) };
+        match argv[i].as_str() {
+            "--rounds" => a.rounds = num("--rounds") as usize,
+            "--pairs" => a.pairs = num("--pairs") as usize,
+            "--inflight" => a.inflight = num("--inflight") as usize,
+            "--seconds" => a.seconds = num("--seconds"),
+            "--latency-pairs" => a.latency_pairs = num("--latency-pairs") as usize,
+            "--latency-rate" => a.latency_rate = num("--latency-rate"),
+            "--latency-seconds" => a.latency_seconds = num("--latency-seconds"),
+            "--relay-core" => a.relay_core = num("--relay-core") as usize,
+            "--loadgen-core" => a.loadgen_core = num("--loadgen-core") as usize,
+            "--only" => a.only = v.split(',').map(String::from).collect(),
+            "--ours-env" => {
+                let (k, val) = v.split_once('=').expect("--ours-env K=V");
+                a.ours_env.push((k.into(), val.into()));
+            }
+            "--build" => a.build = v != "0",
+            "--nice" => a.nice = v.parse().expect("--nice: an integer"),
+            "--rt" => a.rt = num("--rt") as u32,
+            other => panic!("unknown flag {other}"),
+        }
+        i += 2;
+    }
+    for r in &a.only {
+        assert!(
+            KINDS.contains(&r.as_str()),
+            "--only takes a comma list of ours,cell,node,c,none"
+        );
+    }
+    a
+}
+
+fn run(cmd: &mut Command, what: &str) {
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    assert!(status.success(), "{what} failed: {status}");
+}
+
+fn have(tool: &str) -> bool {
+    Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok()
+}
+
+/// A relay process; killed on drop.
+struct Relay {
+    child: Child,
+    /// `http://…` for orca-relay, `ws://…` for the plain relays.
+    url: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `program` pinned to `core` with taskset (when `pin`), at niceness `nice` (when not 0).
+fn pinned(pin: bool, nice: i32, core: usize, program: &Path) -> Command {
+    let mut argv: Vec<std::ffi::OsString> = Vec::new();
+    if nice != 0 {
+        argv.extend(["nice".into(), "-n".into(), nice.to_string().into()]);
+    }
+    if pin {
+        argv.extend(["taskset".into(), "-c".into(), core.to_string().into()]);
+    }
+    argv.push(program.into());
+    let mut c = Command::new(&argv[0]);
+    c.args(&argv[1..]);
+    c
+}
+
+/// Waits for the first line of `stream` containing `marker`; returns what follows it.
+fn wait_for_line(stream: impl Read + Send + 'static, marker: &'static str) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut sent = false;
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            if !sent {
+                if let Some(i) = line.find(marker) {
+                    let _ = tx.send(line[i + marker.len()..].trim().to_string());
+                    sent = true;
+                }
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("relay did not print {marker:?}"))
+}
+
+struct Paths {
+    root: PathBuf,
+    orca: PathBuf,
+    loadgen: PathBuf,
+    c_relay: PathBuf,
+}
+
+fn start(kind: &str, a: &Args, p: &Paths, pin: bool) -> Option<Relay> {
+    match kind {
+        "ours" | "cell" => {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let mut cmd = pinned(pin, a.nice, a.relay_core, &p.orca);
+            cmd.env_clear();
+            if kind == "cell" {
+                cmd.env("ORCA_RELAY_ROLE", "director,cell")
+                    .env(
+                        "ORCA_RELAY_CLUSTER_KEY",
+                        "compare-bench-cluster-key-0123456789abcdef",
+                    )
+                    .env(
+                        "ORCA_RELAY_ADMIN_TOKEN",
+                        "compare-bench-admin-token-0123456789abcdef",
+                    );
+            }
+            cmd.arg("serve")
+                .current_dir(dir.path())
+                .env("PATH", std::env::var("PATH").unwrap_or_default())
+                .env("RUST_LOG", "warn,orca_relay=info")
+                .env("ORCA_RELAY_LISTEN", "127.0.0.1:0")
+                .env("ORCA_RELAY_ASSIGNMENT_SIGNING_KEY", SIGNING)
+                .env("ORCA_RELAY_TRUSTED_PROXY_HOPS", "1")
+                .envs(a.ours_env.iter().map(|(k, v)| (k, v)))
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            let mut child = cmd.spawn().expect("spawn orca-relay");
+            let stderr = child.stderr.take().unwrap();
+            // Owned before waiting: a relay that never starts is still killed (on unwind).
+            let mut relay = Relay {
+                child,
+                url: String::new(),
+                _dir: Some(dir),
+            };
+            relay.url = wait_for_line(stderr, "listening on ");
+            Some(relay)
+        }
+        "node" | "c" => {
+            let mut cmd = if kind == "node" {
+                let mut c = pinned(pin, a.nice, a.relay_core, Path::new("node"));
+                c.arg("relay.js")
+                    .current_dir(p.root.join("examples/node_relay"))
+                    .env("PORT", "0");
+                c
+            } else {
+                let mut c = pinned(pin, a.nice, a.relay_core, &p.c_relay);
+                c.arg("0");
+                c
+            };
+            cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
+            let mut child = cmd.spawn().ok()?;
+            let stdout = child.stdout.take().unwrap();
+            let mut relay = Relay {
+                child,
+                url: String::new(),
+                _dir: None,
+            };
+            relay.url = format!("ws://127.0.0.1:{}", wait_for_line(stdout, "listening on "));
+            Some(relay)
+        }
+        _ => None,
+    }
+}
+
+/// Which part of the load generator's work a run does.
+#[derive(Clone, Copy, PartialEq)]
+enum Phase {
+    Throughput,
+    Latency,
+    /// Latency with the relay and the load generator under SCHED_FIFO.
+    LatencyRt,
+}
+
+/// One load generator run against `relay` (or none); its JSON report.
+fn measure(
+    kind: &str,
+    phase: Phase,
+    relay: Option<&Relay>,
+    a: &Args,
+    p: &Paths,
+    pin: bool,
+) -> Value {
+    let s = |v: &dyn ToString| v.to_string();
+    let mut cmd = if phase == Phase::LatencyRt {
+        if let Some(r) = relay {
+            // Every thread of the running relay (threads it starts later inherit the policy).
+            run(
+                Command::new("chrt")
+                    .args(["-a", "-f", "-p", &s(&a.rt), &s(&r.child.id())])
+                    .stdout(Stdio::null()),
+                "chrt -p (the relay)",
+            );
+        }
+        let mut c = Command::new("chrt");
+        c.args(["-f", &s(&a.rt)]);
+        if pin {
+            c.args(["taskset", "-c", &s(&a.loadgen_core)]);
+        }
+        c.arg(&p.loadgen);
+        c
+    } else {
+        pinned(pin, a.nice, a.loadgen_core, &p.loadgen)
+    };
+    cmd.args(["--inflight", &s(&a.inflight)])
+        .args(["--seconds", &s(&a.seconds)])
+        .args(["--latency-rate", &s(&a.latency_rate)])
+        .args(["--latency-seconds", &s(&a.latency_seconds)]);
+    match phase {
+        Phase::Throughput => cmd.args(["--pairs", &s(&a.pairs), "--skip-latency", "1"]),
+        _ => cmd.args(["--pairs", &s(&a.latency_pairs), "--skip-throughput", "1"]),
+    };
+    match (kind, relay) {
+        ("ours" | "cell", Some(r)) => {
+            cmd.args(["--url", &r.url, "--signing-key", SIGNING]);
+        }
+        (_, Some(r)) => {
+            cmd.args(["--plain-url", &r.url]);
+        }
+        _ => {
+            cmd.args(["--no-relay", "1"]);
+        }
+    }
+    if let Some(r) = relay {
+        cmd.args(["--server-pid", &s(&r.child.id())]);
+    }
+    let out = cmd
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run the load generator");
+    assert!(
+        out.status.success(),
+        "loadgen against {kind} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("loadgen JSON")
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn main() {
+    let a = args();
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join("target"));
+    let p = Paths {
+        orca: target.join("release/orca-relay"),
+        loadgen: target.join("release/examples/loadgen"),
+        c_relay: target.join("release/c_relay"),
+        root: root.clone(),
+    };
+    let mut kinds = a.only.clone();
+    if a.build {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        // Two builds: built together, the binary would link the library with the features the
+        // examples' dev-dependency turns on (the test clock).
+        for what in [&["--bin", "orca-relay"][..], &["--example", "loadgen"][..]] {
+            run(
+                Command::new(&cargo)
+                    .args(["build", "--release", "--locked"])
+                    .args(what)
+                    .current_dir(&root),
+                "cargo build",
+            );
+        }
+    }
+    if kinds.iter().any(|k| k == "node") {
+        let dir = root.join("examples/node_relay");
+        if !have("node") || !have("npm") {
+            eprintln!("note: node/npm not found, the Node relay is skipped");
+            kinds.retain(|k| k != "node");
+        } else if !dir.join("node_modules/ws").exists() {
+            run(
+                Command::new("npm")
+                    .args(["ci", "--no-audit", "--no-fund"])
+                    .current_dir(&dir),
+                "npm ci (examples/node_relay)",
+            );
+        }
+    }
+    if kinds.iter().any(|k| k == "c") {
+        if have("cc") {
+            run(
+                Command::new("cc")
+                    .args(["-O2", "-Wall", "-o"])
+                    .arg(&p.c_relay)
+                    .arg(root.join("examples/c_relay/relay.c")),
+                "cc examples/c_relay/relay.c",
+            );
+        } else {
+            eprintln!("note: cc not found, the C relay is skipped");
+            kinds.retain(|k| k != "c");
+        }
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let pin = have("taskset") && cores >= 2 && a.relay_core != a.loadgen_core;
+    if !pin {
+        eprintln!("note: not pinned (taskset missing or fewer than 2 cores)");
+    }
+    // SCHED_FIFO needs the privilege; without it the second latency run is skipped.
+    let mut rt = a.rt;
+    if rt > 0
+        && !Command::new("chrt")
+            .args(["-f", &rt.to_string(), "true"])
+            .status()
+            .is_ok_and(|s| s.success())
+    {
+        eprintln!("note: chrt -f {rt} not permitted here, the SCHED_FIFO latency run is skipped");
+        rt = 0;
+    }
+    let phases: &[Phase] = if rt > 0 {
+        &[Phase::Throughput, Phase::Latency, Phase::LatencyRt]
+    } else {
+        &[Phase::Throughput, Phase::Latency]
+    };
+    let a = Args { rt, ..a };
+    let load_before = loadavg();
+    // results[kind][phase] = one report per round
+    let mut results: Vec<Vec<Vec<Value>>> = vec![vec![Vec::new(); 3]; kinds.len()];
+    for round in 0..a.rounds {
+        // Rotate the order so no relay always runs first (or right after a build).
+        for i in 0..kinds.len() {
+            let k = (i + round) % kinds.len();
+            let kind = kinds[k].as_str();
+            let relay = start(kind, &a, &p, pin);
+            for (pi, &phase) in phases.iter().enumerate() {
+                let r = measure(kind, phase, relay.as_ref(), &a, &p, pin);
+                eprintln!("round {round} {kind} phase {pi}: {r}");
+                results[k][pi].push(r);
+            }
+            drop(relay);
+        }
+    }
+    let label = |k: &str| match k {
+        "ours" => "orca-relay (role all)",
+        "cell" => "orca-relay (director+cell)",
+        "node" => "Node.js ws",
+        "c" => "C epoll",
+        _ => "no relay (loadgen floor)",
+    };
+    println!(
+        "side by side, medians of {} rounds; relay on core {}, loadgen on core {}{}, nice {}; load average {} before, {} after",
+        a.rounds,
+        a.relay_core,
+        a.loadgen_core,
+        if pin { "" } else { " (NOT pinned)" },
+        a.nice,
+        load_before,
+        loadavg(),
+    );
+    let cell = |v: f64, digits: usize| {
+        if v.is_nan() || v == 0.0 {
+            "-".to_string()
+        } else {
+            format!("{v:.digits$}")
+        }
+    };
+    let rule = |widths: &[usize]| {
+        let parts: Vec<String> = widths.iter().map(|w| "-".repeat(w + 2)).collect();
+        println!("|{}|", parts.join("|"));
+    };
+    let pick = |rounds: &[Value], path: &[&str]| -> f64 {
+        let mut v: Vec<f64> = rounds
+            .iter()
+            .filter_map(|r| {
+                path.iter()
+                    .try_fold(r, |v, k| match k.parse::<usize>() {
+                        Ok(i) => v.get(i),
+                        Err(_) => v.get(k),
+                    })?
+                    .as_f64()
+            })
+            .collect();
+        median(&mut v)
+    };
+    println!(
+        "\nthroughput: {} pairs x {} frames in flight per direction, {} s per size",
+        a.pairs, a.inflight, a.seconds
+    );
+    println!(
+        "| {:<26} | {:>11} | {:>14} | {:>11} | {:>14} |",
+        "relay", "64 B fr/s", "64 B fr/CPU-s", "16 KiB MB/s", "16 KiB fr/CPU-s"
+    );
+    rule(&[26, 11, 14, 11, 14]);
+    let mut summary = serde_json::Map::new();
+    for (k, kind) in kinds.iter().enumerate() {
+        let t = &results[k][0];
+        let v = [
+            pick(t, &["throughput64B", "framesPerSecond"]),
+            pick(t, &["throughput64B", "framesPerServerCpuSecond"]),
+            pick(t, &["throughput16KiB", "megabytesPerSecond"]),
+            pick(t, &["throughput16KiB", "framesPerServerCpuSecond"]),
+        ];
+        println!(
+            "| {:<26} | {:>11} | {:>14} | {:>11} | {:>14} |",
+            label(kind),
+            cell(v[0], 0),
+            cell(v[1], 0),
+            cell(v[2], 1),
+            cell(v[3], 0)
+        );
+        summary.insert(
+            kind.clone(),
+            json!({"framesPerSecond64B": v[0], "framesPerRelayCpuSecond64B": v[1],
+                   "megabytesPerSecond16KiB": v[2], "framesPerRelayCpuSecond16KiB": v[3]}),
+        );
+    }
+    println!(
+        "\none-way latency: {} pairs x {} msgs/s x 2 directions = {} msgs/s, {} s per run, senders spread evenly over the period",
+        a.latency_pairs,
+        a.latency_rate,
+        a.latency_pairs as u64 * a.latency_rate * 2,
+        a.latency_seconds
+    );
+    let mut heads = vec!["p50 µs", "p99 µs", "p999 µs", "invol. cs"];
+    if rt > 0 {
+        heads.extend(["FIFO p50", "FIFO p99", "FIFO p999"]);
+    }
+    print!("| {:<26} |", "relay");
+    for h in &heads {
+        print!(" {h:>10} |");
+    }
+    println!();
+    rule(
+        &std::iter::once(26)
+            .chain(heads.iter().map(|_| 10))
+            .collect::<Vec<_>>(),
+    );
+    for (k, kind) in kinds.iter().enumerate() {
+        let lat = |pi: usize, key: &str| pick(&results[k][pi], &["latency", "rounds", "0", key]);
+        let mut v = vec![
+            lat(1, "p50Micros"),
+            lat(1, "p99Micros"),
+            lat(1, "p999Micros"),
+            lat(1, "serverInvoluntaryContextSwitches"),
+        ];
+        if rt > 0 {
+            v.extend([
+                lat(2, "p50Micros"),
+                lat(2, "p99Micros"),
+                lat(2, "p999Micros"),
+            ]);
+        }
+        print!("| {:<26} |", label(kind));
+        for x in &v {
+            print!(" {:>10} |", cell(*x, 0));
+        }
+        println!();
+        if let Some(Value::Object(o)) = summary.get_mut(kind.as_str()) {
+            o.insert("latencyMicros".into(), json!(v[..3]));
+            o.insert("relayInvoluntaryContextSwitches".into(), json!(v[3]));
+            if rt > 0 {
+                o.insert("fifoLatencyMicros".into(), json!(v[4..]));
+            }
+        }
+    }
+    eprintln!("summary: {}", Value::Object(summary));
+}
