@@ -212,3 +212,92 @@ async fn busy_row_falls_back_to_the_waiting_path() {
         check_invariants(db).await;
     }
 }
+
+/// The one-statement read returns what the step-by-step locks of `lock_host` return (several
+/// leases with every column set, an open and a finished migration, live and released
+/// reservations, text that needs JSON escaping), and on Postgres it holds the lease, migration and
+/// reservation rows it read.
+#[tokio::test]
+async fn sticky_read_equals_the_step_by_step_locks() {
+    for t in backends().await {
+        let db = &t.db;
+        cell(db, "A").await;
+        let h = host(7);
+        let g = assign(db, &h, None, &regions(), AssignOptions::default())
+            .await
+            .unwrap();
+        let at = now();
+        let (u, id) = (h.user_id.as_str(), h.relay_host_id.as_str());
+        db.execute(
+            "INSERT INTO relay_assignment_activity_leases (user_id, relay_host_id, activity_id, activity_kind, \
+             cell_id, request_units, expires_at, control_generation, cell_incarnation, idle_regional_rehome, \
+             renewed_at, created_at, updated_at) VALUES ($1, $2, $3, 'control', 'A', 0, $4, 3, $5, $6, $4, $4, $4)",
+            orca_relay::params![u, id, "control:A:3", at + 5_000, "inc \"quoted\" \\ é", true],
+        )
+        .await
+        .unwrap();
+        db.execute(
+            "INSERT INTO relay_assignment_activity_leases (user_id, relay_host_id, activity_id, activity_kind, \
+             cell_id, request_units, expires_at, idle_regional_rehome, created_at, updated_at) \
+             VALUES ($1, $2, 'splice:s1', 'splice', 'A', 2, $3, $4, $3, $3)",
+            orca_relay::params![u, id, at + 7_000, false],
+        )
+        .await
+        .unwrap();
+        for (epoch, completed) in [(5i64, Some(at)), (6, None)] {
+            db.execute(
+                "INSERT INTO relay_assignment_migrations (user_id, relay_host_id, assignment_epoch, kind, \
+                 source_cell_id, target_cell_id, previous_epoch, source_request_units, target_reserved_units, \
+                 arrival_deadline, expires_at, target_registered_at, completed_at, created_at, updated_at) \
+                 VALUES ($1, $2, $3, 'evacuation', 'A', 'B', $4, 1, 1, $5, $5, NULL, $6, $5, $5)",
+                orca_relay::params![u, id, epoch, epoch - 1, at, completed],
+            )
+            .await
+            .unwrap();
+        }
+        for (rid, state) in [("r-live", "reserved"), ("r-old", "released")] {
+            db.execute(
+                "INSERT INTO relay_connection_reservations (reservation_id, user_id, relay_host_id, \
+                 assignment_epoch, cell_id, state, created_at, timeout_at) VALUES ($1, $2, $3, 1, 'A', $4, $5, $5)",
+                orca_relay::params![rid, u, id, state, at],
+            )
+            .await
+            .unwrap();
+        }
+        let mut tx = db.begin().await.unwrap();
+        let want = lock_host(&mut tx, &h, None).await.unwrap().unwrap();
+        let want_home = cells::view_in(&mut tx, &g.cell_id).await.unwrap();
+        tx.rollback().await;
+        let mut tx = db.begin().await.unwrap();
+        let (got, got_home) = lock_sticky(&mut tx, &h).await.unwrap().unwrap();
+        assert_eq!(got.row, want.row);
+        assert_eq!(got.leases, want.leases);
+        assert_eq!(got.leases.len(), 3, "{:?}", got.leases);
+        assert_eq!(got.open_migration, want.open_migration);
+        assert_eq!(
+            got.open_migration.as_ref().map(|m| m.assignment_epoch),
+            Some(6)
+        );
+        assert_eq!(got_home, want_home);
+        assert_eq!(got_home.as_ref().map(|c| c.outstanding), Some(1));
+        if t.kind() == DbKind::Postgres {
+            for sql in [
+                "SELECT 1 FROM relay_assignment_activity_leases WHERE user_id = $1 AND relay_host_id = $2 FOR UPDATE NOWAIT",
+                "SELECT 1 FROM relay_assignment_migrations WHERE user_id = $1 AND relay_host_id = $2 \
+                 AND completed_at IS NULL FOR UPDATE NOWAIT",
+                "SELECT 1 FROM relay_connection_reservations WHERE user_id = $1 AND relay_host_id = $2 \
+                 AND state = 'reserved' FOR UPDATE NOWAIT",
+            ] {
+                let mut other = db.begin().await.unwrap();
+                let r = other.query(sql, orca_relay::params![u, id]).await;
+                assert!(r.is_err(), "not held by the sticky read: {sql}");
+                other.rollback().await;
+            }
+        }
+        tx.rollback().await;
+        // No row: nothing.
+        let mut tx = db.begin().await.unwrap();
+        assert!(lock_sticky(&mut tx, &host(8)).await.unwrap().is_none());
+        tx.rollback().await;
+    }
+}

@@ -252,32 +252,27 @@ fn migration_from(r: &super::Row) -> OpenMigration {
 pub type StickyRead = (HostView, Option<super::cells::CellView>);
 
 const ROW_WIDTH: usize = 11;
-const LEASE_TYPES: [&str; 9] = [
-    "TEXT", "TEXT", "TEXT", "BIGINT", "BIGINT", "BIGINT", "TEXT", "BOOLEAN", "BIGINT",
-];
-const MIGRATION_TYPES: [&str; 7] = [
-    "BIGINT", "TEXT", "TEXT", "TEXT", "BIGINT", "BIGINT", "BIGINT",
-];
 
 /// The one statement of [`lock_sticky`]. Its CTEs lock, in the order of director.md §2, the
 /// assignment row (`NOWAIT`), then the leases and open migrations (tier 2) and the live
 /// reservations (tier 3), each only once the row is held (`EXISTS` on the row's CTE is a one-time
 /// filter evaluated first); the home cell row is read plainly (no tier-4 lock before branching).
-/// The rows come back as one `UNION ALL`, tag in column 0, each part in its own column range:
-/// row + home (tag 0), leases (1), migrations (2), the reservation count (3). A `UNION` resolves
-/// column types pair by pair, so NULLs standing for a later part carry their type.
-fn sticky_sql() -> &'static str {
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SQL.get_or_init(|| {
-        use super::cells::{joined_columns, JOINED_FROM, JOINED_WIDTH};
-        let nulls = |n: usize| vec!["NULL"; n].join(", ");
-        let typed = |types: &[&str]| {
-            types
-                .iter()
-                .map(|t| format!("CAST(NULL AS {t})"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+/// It answers one row: the assignment row, the joined home, the leases and the open migrations
+/// each as one JSON array of arrays (columns in [`LEASE_COLUMNS`] / [`MIGRATION_COLUMNS`] order,
+/// NULL or `[]` when there are none) and the count of locked reservations. One narrow row instead
+/// of a four-part `UNION ALL` of wide rows: the executor's start-up of the wide union was the
+/// largest part of the statement's server CPU (issue 12).
+fn sticky_sql(kind: super::DbKind) -> &'static str {
+    use std::sync::OnceLock;
+    static PG: OnceLock<String> = OnceLock::new();
+    static LITE: OnceLock<String> = OnceLock::new();
+    let (cell, build) = match kind {
+        super::DbKind::Postgres => (&PG, ("json_agg", "json_build_array")),
+        super::DbKind::Sqlite => (&LITE, ("json_group_array", "json_array")),
+    };
+    cell.get_or_init(|| {
+        use super::cells::{joined_columns, JOINED_FROM};
+        let (agg, array) = build;
         let pre = |cols: &str, p: &str| {
             cols.split(", ")
                 .map(|c| format!("{p}.{}", c.trim()))
@@ -295,21 +290,43 @@ fn sticky_sql() -> &'static str {
                ORDER BY assignment_epoch DESC FOR UPDATE), \
              sticky_reservations AS (SELECT reservation_id FROM relay_connection_reservations \
                WHERE {host} AND state <> 'released' AND {held} FOR UPDATE) \
-             SELECT 0, {row}, {cell}, {tl}, {tm}, CAST(NULL AS BIGINT) FROM sticky_row \
-               LEFT JOIN relay_cells c ON c.cell_id = sticky_row.cell_id {JOINED_FROM} \
-             UNION ALL SELECT 1, {nr}, {nc}, {lease}, {tm}, CAST(NULL AS BIGINT) FROM sticky_leases \
-             UNION ALL SELECT 2, {nr}, {nc}, {tl}, {mig}, CAST(NULL AS BIGINT) FROM sticky_migrations \
-             UNION ALL SELECT 3, {nr}, {nc}, {tl}, {tm}, COUNT(*) FROM sticky_reservations",
-            row = pre(ROW_COLUMNS, "sticky_row"),
+             SELECT {row}, {cell}, \
+               (SELECT CAST({agg}({array}({lease})) AS TEXT) FROM sticky_leases l), \
+               (SELECT CAST({agg}({array}({mig})) AS TEXT) FROM sticky_migrations m), \
+               (SELECT COUNT(*) FROM sticky_reservations) \
+             FROM sticky_row s LEFT JOIN relay_cells c ON c.cell_id = s.cell_id {JOINED_FROM}",
+            row = pre(ROW_COLUMNS, "s"),
             cell = joined_columns(),
-            lease = pre(LEASE_COLUMNS, "sticky_leases"),
-            mig = pre(MIGRATION_COLUMNS, "sticky_migrations"),
-            nr = nulls(ROW_WIDTH),
-            nc = nulls(JOINED_WIDTH),
-            tl = typed(&LEASE_TYPES),
-            tm = typed(&MIGRATION_TYPES),
+            lease = pre(LEASE_COLUMNS, "l"),
+            mig = pre(MIGRATION_COLUMNS, "m"),
         )
     })
+}
+
+/// The rows of one JSON array of arrays from [`sticky_sql`] (NULL: none), as store rows.
+fn json_rows(text: Option<String>) -> Result<Vec<super::Row>, DbError> {
+    let Some(text) = text else {
+        return Ok(Vec::new());
+    };
+    let rows: Vec<Vec<serde_json::Value>> =
+        serde_json::from_str(&text).map_err(|e| DbError::Fatal(format!("sticky read: {e}")))?;
+    rows.into_iter()
+        .map(|cols| {
+            cols.into_iter()
+                .map(|v| match v {
+                    serde_json::Value::Null => Ok(super::Value::Null),
+                    serde_json::Value::Bool(b) => Ok(super::Value::Bool(b)),
+                    serde_json::Value::String(s) => Ok(super::Value::Text(s)),
+                    serde_json::Value::Number(n) => n
+                        .as_i64()
+                        .map(super::Value::Int)
+                        .ok_or_else(|| DbError::Fatal(format!("sticky read: number {n}"))),
+                    other => Err(DbError::Fatal(format!("sticky read: value {other}"))),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(super::Row)
+        })
+        .collect()
 }
 
 /// The sticky grant's read (director.md §5.2 A.2–A.3 and the home of A.4) in one statement and
@@ -317,31 +334,29 @@ fn sticky_sql() -> &'static str {
 /// leases, open migrations and reservations, and reads the home with runtime, fence and
 /// outstanding reservations. `None` when the host has no row.
 pub async fn lock_sticky(tx: &mut Tx, host: &HostKey) -> Result<Option<StickyRead>, DbError> {
+    let sql = sticky_sql(tx.kind());
     let rows = tx
-        .query(sticky_sql(), params![&host.user_id, &host.relay_host_id])
+        .query(sql, params![&host.user_id, &host.relay_host_id])
         .await?;
-    let (cell_at, lease_at) = (1 + ROW_WIDTH, 1 + ROW_WIDTH + super::cells::JOINED_WIDTH);
-    let mig_at = lease_at + LEASE_TYPES.len();
-    let part = |r: &super::Row, from: usize, n: usize| super::Row(r.0[from..from + n].to_vec());
-    let mut read: Option<(AssignmentRow, Option<super::cells::CellView>)> = None;
-    let (mut leases, mut migrations) = (Vec::new(), Vec::new());
-    for r in &rows {
-        match r.i64(0) {
-            0 => {
-                let home = (!r.is_null(cell_at)).then(|| {
-                    super::cells::joined_from_row(&part(r, cell_at, super::cells::JOINED_WIDTH))
-                });
-                read = Some((row_from(&part(r, 1, ROW_WIDTH)), home));
-            }
-            1 => leases.push(lease_from(&part(r, lease_at, LEASE_TYPES.len()))),
-            2 => migrations.push(migration_from(&part(r, mig_at, MIGRATION_TYPES.len()))),
-            _ => {}
-        }
-    }
-    let Some((row, home)) = read else {
+    let Some(r) = rows.first() else {
         return Ok(None);
     };
-    // `UNION ALL` keeps no order across parts: restore each part's own.
+    use super::cells::JOINED_WIDTH;
+    let part = |from: usize, n: usize| super::Row(r.0[from..from + n].to_vec());
+    let cell_at = ROW_WIDTH;
+    let json_at = cell_at + JOINED_WIDTH;
+    let home =
+        (!r.is_null(cell_at)).then(|| super::cells::joined_from_row(&part(cell_at, JOINED_WIDTH)));
+    let row = row_from(&part(0, ROW_WIDTH));
+    let mut leases: Vec<Lease> = json_rows(r.opt_str(json_at))?
+        .iter()
+        .map(lease_from)
+        .collect();
+    let mut migrations: Vec<OpenMigration> = json_rows(r.opt_str(json_at + 1))?
+        .iter()
+        .map(migration_from)
+        .collect();
+    // The aggregate keeps no promised order: restore each part's own.
     leases.sort_by(|a, b| a.activity_id.cmp(&b.activity_id));
     migrations.sort_by_key(|m| std::cmp::Reverse(m.assignment_epoch));
     Ok(Some((
