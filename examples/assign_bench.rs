@@ -37,6 +37,12 @@ use orca_relay::config::{Config, ServeArgs};
 use orca_relay::server::Running;
 use serde_json::json;
 
+/// The director runs in this process: give it the binary's allocator (`src/main.rs`), so the
+/// relay's CPU per grant is the one production pays.
+#[cfg(unix)]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 struct W {
     #[command(flatten)]
