@@ -34,6 +34,7 @@ use warp::Filter;
 
 use crate::app::Ctx;
 use crate::contract::heartbeat::HeartbeatSink;
+use crate::contract::limits;
 use crate::crypto::{HostTokenVerifier, JwksSource};
 use crate::http::Response;
 use crate::leg::admission::PreAuthGate;
@@ -58,7 +59,9 @@ pub struct Cell {
     pub sweep: Arc<splice::IdleSweep>,
     pub registry: Mutex<Registry>,
     pub signed_out: Mutex<SignedOut>,
-    pub draining: AtomicBool,
+    /// Set once by the first drain (or SIGTERM), never cleared; shared with the release tasks,
+    /// which keep retrying only on a draining cell (see [`Cell::release_activity_then`]).
+    pub draining: Arc<AtomicBool>,
     /// Bumped by every drain: a later drain cancels the earlier one's pending sends and closes.
     pub drain_epoch: AtomicU64,
     pub renewer: renew::Renewer,
@@ -120,7 +123,7 @@ impl Cell {
             sweep: Default::default(),
             registry: Mutex::new(Registry::default()),
             signed_out: Mutex::new(SignedOut::default()),
-            draining: AtomicBool::new(false),
+            draining: Arc::new(AtomicBool::new(false)),
             drain_epoch: AtomicU64::new(0),
             renewer,
             counts: Counts::default(),
@@ -198,7 +201,7 @@ impl Cell {
 
     /// True once a drain was requested.
     pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::Relaxed)
+        self.draining.load(Ordering::SeqCst)
     }
 
     /// SIGTERM: drain with the shutdown grace and close every socket (protocol.md §11).
@@ -227,8 +230,21 @@ impl Cell {
         self.release_activity_then(key, activity_id, || {});
     }
 
-    /// As [`Cell::release_activity`], then runs `then` (also when the release fails or takes more
-    /// than 2 s, so a stuck database never keeps a socket open).
+    /// As [`Cell::release_activity`], then runs `then` once the first attempt has ended: landed,
+    /// failed, or still running after [`RELEASE_DEADLINE`] (a stuck database never keeps a socket
+    /// open).
+    ///
+    /// An attempt that did not land is retried on a draining cell, every [`RELEASE_RETRY_MIN`]
+    /// doubling to [`RELEASE_RETRY_MAX`], until one lands or the lease could no longer be live
+    /// anyway ([`limits::CONTROL_ACTIVITY_EXPIRY_MAX_MS`] after the first attempt; shutdown's
+    /// bounded task wait ends it earlier). A draining cell activates nothing (protocol.md §11
+    /// step 1), so the id cannot have been given to a new session of this process meanwhile, and
+    /// the release is idempotent: the late delete can only remove the lease this process gave
+    /// up. Without the retry the lease of a host that left, still attributed to this running
+    /// process, stayed until it expired (up to 105 s after its last renewal) next to the control
+    /// the host activated on another cell (issue 12's roll under database pressure). Off a drain
+    /// one attempt is made, as before: the session ids of a live cell can be reused (a new
+    /// session starts again at generation 1), and the renewal and the expiry sweep settle it.
     pub fn release_activity_then(
         &self,
         key: &HostKey,
@@ -237,25 +253,73 @@ impl Cell {
     ) {
         let db = self.ctx.db.clone();
         let key = key.clone();
+        let draining = self.draining.clone();
         self.ctx.spawn("activity-release", async move {
-            let now = crate::clock::now_ms();
-            let release = crate::store::assignments::release_activity(&db, &key, &activity_id, now);
-            let outcome = tokio::time::timeout(std::time::Duration::from_secs(2), release).await;
-            if !matches!(outcome, Ok(Ok(()))) {
-                let error = match outcome {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "timeout".into(),
-                };
-                log::warn!(
-                    "[orca-relay] activity release failed host={} kind={} error={error}",
-                    crate::logging::digest(&key.relay_host_id),
-                    activity_id.split(':').next().unwrap_or("")
-                );
+            let first = crate::clock::now_ms();
+            let give_up = first + limits::CONTROL_ACTIVITY_EXPIRY_MAX_MS;
+            let mut then = Some(then);
+            let mut pause = RELEASE_RETRY_MIN;
+            let mut attempt = 1u32;
+            loop {
+                let now = crate::clock::now_ms();
+                let release =
+                    crate::store::assignments::release_activity(&db, &key, &activity_id, now);
+                let outcome = tokio::time::timeout(RELEASE_DEADLINE, release).await;
+                let landed = matches!(outcome, Ok(Ok(())));
+                if !landed {
+                    let error = match outcome {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => "timeout".into(),
+                    };
+                    log::warn!(
+                        "[orca-relay] activity release failed host={} kind={} attempt={attempt} error={error}",
+                        crate::logging::digest(&key.relay_host_id),
+                        activity_id.split(':').next().unwrap_or("")
+                    );
+                }
+                if let Some(then) = then.take() {
+                    then();
+                }
+                let retry = !landed
+                    && draining.load(Ordering::SeqCst)
+                    && crate::clock::now_ms() + (pause.as_millis() as i64) < give_up;
+                if !retry {
+                    if landed && attempt > 1 {
+                        log::info!(
+                            "[orca-relay] activity release landed host={} kind={} attempts={attempt}",
+                            crate::logging::digest(&key.relay_host_id),
+                            activity_id.split(':').next().unwrap_or("")
+                        );
+                    }
+                    break;
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RELEASE_RETRY_MAX);
+                attempt += 1;
             }
-            then();
         });
     }
+
+    /// Releases an activity and returns once the first attempt has ended (landed, failed, or
+    /// [`RELEASE_DEADLINE`] passed; retries continue as in [`Cell::release_activity_then`]). For
+    /// a relay-initiated close the host will act on: the host hears it only after its lease here
+    /// is gone, so a host that re-resolves at once never finds its old control still held by
+    /// this process next to the new one.
+    pub async fn release_activity_before_close(&self, key: &HostKey, activity_id: String) {
+        let (done, wait) = tokio::sync::oneshot::channel();
+        self.release_activity_then(key, activity_id, move || {
+            let _ = done.send(());
+        });
+        let _ = wait.await;
+    }
 }
+
+/// How long a relay-initiated close waits for the control's release before it goes ahead.
+pub const RELEASE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+/// First pause before a draining cell retries a release that did not land; doubles per attempt.
+pub const RELEASE_RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(200);
+/// Longest pause between two release attempts.
+pub const RELEASE_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// One open leg socket's share of the connection accounting; released on drop.
 impl Cell {
