@@ -327,6 +327,7 @@ async fn main() {
     let lines = fleet.all_lines();
     for what in [
         "activity release failed",
+        "activity release landed",
         "control renewal failed",
         "control re-acquire failed",
         "orca_relay_postgres_transaction_retry_exhausted",
@@ -336,6 +337,7 @@ async fn main() {
         for l in &hits {
             let tail = l
                 .find("error=")
+                .or_else(|| l.find("attempts="))
                 .or_else(|| l.find("outcome="))
                 .or_else(|| l.find('{'))
                 .map_or("", |i| &l[i..]);
