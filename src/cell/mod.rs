@@ -19,6 +19,7 @@ pub mod idle_rehome;
 pub mod ledger;
 pub mod legs;
 pub mod phone;
+pub mod release;
 pub mod renew;
 pub mod session;
 pub mod splice;
@@ -34,7 +35,6 @@ use warp::Filter;
 
 use crate::app::Ctx;
 use crate::contract::heartbeat::HeartbeatSink;
-use crate::contract::limits;
 use crate::crypto::{HostTokenVerifier, JwksSource};
 use crate::http::Response;
 use crate::leg::admission::PreAuthGate;
@@ -65,6 +65,7 @@ pub struct Cell {
     /// Bumped by every drain: a later drain cancels the earlier one's pending sends and closes.
     pub drain_epoch: AtomicU64,
     pub renewer: renew::Renewer,
+    pub releaser: release::Releaser,
     pub counts: Counts,
     /// Idle regional rehome (§13): running attempts and held idle-work tokens.
     pub idle: Arc<Mutex<idle_rehome::IdleRehome>>,
@@ -113,6 +114,8 @@ impl Cell {
         let verifier = HostTokenVerifier::new(crate::crypto::self_hosted_key(&signing), jwks);
         let ledger = ctx.config.hard_cap.map(|c| Mutex::new(Ledger::new(c.cap)));
         let renewer = renew::Renewer::start(ctx.clone());
+        let draining = Arc::new(AtomicBool::new(false));
+        let releaser = release::Releaser::start(ctx.clone(), draining.clone());
         let cell = Arc::new(Cell {
             verifier,
             preauth: PreAuthGate::default(),
@@ -123,9 +126,10 @@ impl Cell {
             sweep: Default::default(),
             registry: Mutex::new(Registry::default()),
             signed_out: Mutex::new(SignedOut::default()),
-            draining: Arc::new(AtomicBool::new(false)),
+            draining,
             drain_epoch: AtomicU64::new(0),
             renewer,
+            releaser,
             counts: Counts::default(),
             idle: Default::default(),
             safety: Mutex::new(crate::rehome::rules::SafetyWindow::new(ctx.started_at)),
@@ -231,12 +235,12 @@ impl Cell {
     }
 
     /// As [`Cell::release_activity`], then runs `then` once the first attempt has ended: landed,
-    /// failed, or still running after [`RELEASE_DEADLINE`] (a stuck database never keeps a socket
-    /// open).
+    /// failed, or still running after [`release::RELEASE_DEADLINE`] (a stuck database never keeps
+    /// a socket open). Releases are batched ([`release`]): one transaction per batch.
     ///
-    /// An attempt that did not land is retried on a draining cell, every [`RELEASE_RETRY_MIN`]
-    /// doubling to [`RELEASE_RETRY_MAX`], until one lands or the lease could no longer be live
-    /// anyway ([`limits::CONTROL_ACTIVITY_EXPIRY_MAX_MS`] after the first attempt; shutdown's
+    /// An attempt that did not land is retried on a draining cell, every
+    /// [`release::RELEASE_RETRY_MIN`] doubling to [`release::RELEASE_RETRY_MAX`], until one lands or the lease could no longer be live
+    /// anyway ([`crate::contract::limits::CONTROL_ACTIVITY_EXPIRY_MAX_MS`] after the first attempt; shutdown's
     /// bounded task wait ends it earlier). A draining cell activates nothing (protocol.md §11
     /// step 1), so the id cannot have been given to a new session of this process meanwhile, and
     /// the release is idempotent: the late delete can only remove the lease this process gave
@@ -251,57 +255,16 @@ impl Cell {
         activity_id: String,
         then: impl FnOnce() + Send + 'static,
     ) {
-        let db = self.ctx.db.clone();
-        let key = key.clone();
-        let draining = self.draining.clone();
-        self.ctx.spawn("activity-release", async move {
-            let first = crate::clock::now_ms();
-            let give_up = first + limits::CONTROL_ACTIVITY_EXPIRY_MAX_MS;
-            let mut then = Some(then);
-            let mut pause = RELEASE_RETRY_MIN;
-            let mut attempt = 1u32;
-            loop {
-                let now = crate::clock::now_ms();
-                let release =
-                    crate::store::assignments::release_activity(&db, &key, &activity_id, now);
-                let outcome = tokio::time::timeout(RELEASE_DEADLINE, release).await;
-                let landed = matches!(outcome, Ok(Ok(())));
-                if !landed {
-                    let error = match outcome {
-                        Ok(Err(e)) => e.to_string(),
-                        _ => "timeout".into(),
-                    };
-                    log::warn!(
-                        "[orca-relay] activity release failed host={} kind={} attempt={attempt} error={error}",
-                        crate::logging::digest(&key.relay_host_id),
-                        activity_id.split(':').next().unwrap_or("")
-                    );
-                }
-                if let Some(then) = then.take() {
-                    then();
-                }
-                let retry = !landed
-                    && draining.load(Ordering::SeqCst)
-                    && crate::clock::now_ms() + (pause.as_millis() as i64) < give_up;
-                if !retry {
-                    if landed && attempt > 1 {
-                        log::info!(
-                            "[orca-relay] activity release landed host={} kind={} attempts={attempt}",
-                            crate::logging::digest(&key.relay_host_id),
-                            activity_id.split(':').next().unwrap_or("")
-                        );
-                    }
-                    break;
-                }
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(RELEASE_RETRY_MAX);
-                attempt += 1;
-            }
-        });
+        self.releaser.submit(release::Release::new(
+            key.clone(),
+            activity_id,
+            Box::new(then),
+            crate::clock::now_ms(),
+        ));
     }
 
     /// Releases an activity and returns once the first attempt has ended (landed, failed, or
-    /// [`RELEASE_DEADLINE`] passed; retries continue as in [`Cell::release_activity_then`]). For
+    /// [`release::RELEASE_DEADLINE`] passed; retries continue as in [`Cell::release_activity_then`]). For
     /// a relay-initiated close the host will act on: the host hears it only after its lease here
     /// is gone, so a host that re-resolves at once never finds its old control still held by
     /// this process next to the new one.
@@ -313,13 +276,6 @@ impl Cell {
         let _ = wait.await;
     }
 }
-
-/// How long a relay-initiated close waits for the control's release before it goes ahead.
-pub const RELEASE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
-/// First pause before a draining cell retries a release that did not land; doubles per attempt.
-pub const RELEASE_RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(200);
-/// Longest pause between two release attempts.
-pub const RELEASE_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// One open leg socket's share of the connection accounting; released on drop.
 impl Cell {
