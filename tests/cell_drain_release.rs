@@ -5,7 +5,8 @@
 //! is still possible) until a drain starts; SIGTERM with no grace retires orphaned sessions too, releasing their
 //! leases before the process closes its database; a host whose activation a drain overtakes
 //! (§3.5 step 4) hears its 4503 only once its lease is gone; and a release that misses its
-//! deadline on a draining cell is retried until it lands instead of leaving the lease to expire.
+//! deadline on a draining cell still lands (not cancelled, retried if it fails) instead of
+//! leaving the lease to expire.
 //! SQLite and, with `ORCA_RELAY_TEST_POSTGRES_URL`, Postgres.
 
 #[path = "support/row_lock.rs"]
@@ -211,11 +212,12 @@ async fn a_drain_overtaking_an_activation_releases_the_control_before_the_close(
 }
 
 /// A release that misses its 2 s deadline on a draining cell (the store held up, as under the
-/// roll's database pressure) is retried until it lands: the host that left keeps no lease of this
-/// running process beside the control it activates elsewhere. Before, the one attempt was given up
-/// and the lease stayed until it expired (up to 105 s).
+/// roll's database pressure) still lands once the store lets it (the attempt goes on past the
+/// deadline and, if it fails, is retried): the host that left keeps no lease of this running
+/// process beside the control it activates elsewhere. Before, the attempt was cancelled at the
+/// deadline and the lease stayed until it expired (up to 105 s).
 #[tokio::test]
-async fn a_release_that_misses_its_deadline_on_a_draining_cell_is_retried() {
+async fn a_release_that_misses_its_deadline_on_a_draining_cell_still_lands() {
     support::common::logs::install();
     for t in dbs().await {
         let s = start_on(&t.url, &[]).await;
@@ -226,12 +228,13 @@ async fn a_release_that_misses_its_deadline_on_a_draining_cell_is_retried() {
         let key = host.key();
         let block = block_host_writes(&t, &key.user_id, &key.relay_host_id).await;
         c.ws.close(None).await.unwrap();
-        // The first attempt cannot land while the writes are held: it gives up at its deadline.
+        // The first attempt cannot land while the writes are held: it misses its deadline.
         let digest = orca_relay::logging::digest(&host.id.relay_host_id);
         let missed = || {
-            support::common::logs::texts("orca_relay")
-                .iter()
-                .any(|l| l.contains("activity release failed") && l.contains(&digest))
+            support::common::logs::texts("orca_relay").iter().any(|l| {
+                (l.contains("activity release slow") || l.contains("activity release failed"))
+                    && l.contains(&digest)
+            })
         };
         assert!(
             real_eventually(SEC * 20, missed).await,

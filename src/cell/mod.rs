@@ -234,21 +234,24 @@ impl Cell {
         self.release_activity_then(key, activity_id, || {});
     }
 
-    /// As [`Cell::release_activity`], then runs `then` once the first attempt has ended: landed,
-    /// failed, or still running after [`release::RELEASE_DEADLINE`] (a stuck database never keeps
-    /// a socket open). Releases are batched ([`release`]): one transaction per batch.
+    /// As [`Cell::release_activity`], then runs `then` once the first attempt has ended (landed or
+    /// failed) or [`release::RELEASE_DEADLINE`] has passed, whichever comes first: a stuck
+    /// database never keeps a socket open. Releases are batched ([`release`]).
     ///
-    /// An attempt that did not land is retried on a draining cell, every
-    /// [`release::RELEASE_RETRY_MIN`] doubling to [`release::RELEASE_RETRY_MAX`], until one lands or the lease could no longer be live
-    /// anyway ([`crate::contract::limits::CONTROL_ACTIVITY_EXPIRY_MAX_MS`] after the first attempt; shutdown's
-    /// bounded task wait ends it earlier). A draining cell activates nothing (protocol.md §11
-    /// step 1), so the id cannot have been given to a new session of this process meanwhile, and
-    /// the release is idempotent: the late delete can only remove the lease this process gave
-    /// up. Without the retry the lease of a host that left, still attributed to this running
-    /// process, stayed until it expired (up to 105 s after its last renewal) next to the control
-    /// the host activated on another cell (issue 12's roll under database pressure). Off a drain
-    /// one attempt is made, as before: the session ids of a live cell can be reused (a new
-    /// session starts again at generation 1), and the renewal and the expiry sweep settle it.
+    /// An attempt that misses the deadline is not cancelled; it goes on until the store answers
+    /// (each statement is bounded by the backend). One that fails is retried on a draining cell,
+    /// every [`release::RELEASE_RETRY_MIN`] doubling to [`release::RELEASE_RETRY_MAX`], until one
+    /// lands or the lease could no longer be live anyway
+    /// ([`crate::contract::limits::CONTROL_ACTIVITY_EXPIRY_MAX_MS`] after the first attempt;
+    /// shutdown's bounded task wait ends it earlier). A draining cell activates nothing
+    /// (protocol.md §11 step 1), so the id cannot have been given to a new session of this process
+    /// meanwhile, and the release is idempotent: the late delete can only remove the lease this
+    /// process gave up. Before, an attempt was cancelled at 2 s and never retried: the lease of a
+    /// host that left, still attributed to this running process, stayed until it expired (up to
+    /// 105 s after its last renewal) next to the control the host activated on another cell
+    /// (issue 12's roll under database pressure). Off a drain a failed attempt is not retried, as
+    /// before: the session ids of a live cell can be reused (a new session starts again at
+    /// generation 1), and the renewal and the expiry sweep settle it.
     pub fn release_activity_then(
         &self,
         key: &HostKey,

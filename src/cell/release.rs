@@ -85,6 +85,30 @@ impl Release {
     }
 }
 
+/// Awaits a release to its end; once [`RELEASE_DEADLINE`] has passed, the releases' `then`s run
+/// (the sockets waiting for them close) while the release itself goes on. A slow release is not
+/// cancelled: it would only start again from nothing, and a batch holds many hosts' releases.
+async fn past_deadline<T>(call: impl std::future::Future<Output = T>, rs: &mut [Release]) -> T {
+    tokio::pin!(call);
+    tokio::select! {
+        out = &mut call => return out,
+        _ = tokio::time::sleep(RELEASE_DEADLINE) => {}
+    }
+    for r in rs.iter_mut() {
+        if let Some(then) = r.then.take() {
+            log::warn!(
+                "[orca-relay] activity release slow host={} kind={} attempt={} waited_ms={}",
+                crate::logging::digest(&r.key.relay_host_id),
+                r.kind(),
+                r.attempt,
+                RELEASE_DEADLINE.as_millis()
+            );
+            then();
+        }
+    }
+    call.await
+}
+
 #[derive(Clone)]
 pub struct Releaser {
     tx: mpsc::Sender<Release>,
@@ -117,12 +141,12 @@ impl Releaser {
     async fn alone(self, mut r: Release) {
         loop {
             let now = crate::clock::now_ms();
-            let release = store::release_activity(&self.ctx.db, &r.key, &r.activity_id, now);
-            let outcome = tokio::time::timeout(RELEASE_DEADLINE, release).await;
+            let (key, id) = (r.key.clone(), r.activity_id.clone());
+            let release = store::release_activity(&self.ctx.db, &key, &id, now);
+            let outcome = past_deadline(release, std::slice::from_mut(&mut r)).await;
             let error = match &outcome {
-                Ok(Ok(())) => String::new(),
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => "timeout".into(),
+                Ok(()) => String::new(),
+                Err(e) => e.to_string(),
             };
             if !r.ended(error.is_empty(), &error, &self.draining) {
                 return;
@@ -175,11 +199,11 @@ impl Releaser {
                 .collect();
             let now = crate::clock::now_ms();
             let call = store::release_activities(&self.ctx.db, &items, now);
-            let outcome = tokio::time::timeout(RELEASE_DEADLINE, call).await;
+            let outcome = past_deadline(call, &mut batch).await;
             for (i, mut r) in batch.into_iter().enumerate() {
                 let (landed, error) = match &outcome {
-                    Ok(Ok(done)) if done.get(i) == Some(&true) => (true, String::new()),
-                    Ok(Ok(_)) => {
+                    Ok(done) if done.get(i) == Some(&true) => (true, String::new()),
+                    Ok(_) => {
                         // The host's row is locked elsewhere (a director moving it): this one
                         // waits for the row on its own (≤ 1 000 ms per try), as a lone release
                         // does; its first attempt has not ended.
@@ -187,8 +211,7 @@ impl Releaser {
                         self.ctx.spawn("activity-release", me.alone(r));
                         continue;
                     }
-                    Ok(Err(e)) => (false, e.to_string()),
-                    Err(_) => (false, "timeout".to_string()),
+                    Err(e) => (false, e.to_string()),
                 };
                 if r.ended(landed, &error, &self.draining) {
                     self.retry(r);
