@@ -1,5 +1,9 @@
 # Multi-stage build of the release binary on a slim Debian base (operations.md §8).
 FROM rust:1-slim-bookworm AS build
+# make: jemalloc (the binary's allocator) is built from source by tikv-jemalloc-sys.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends make \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src

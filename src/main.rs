@@ -8,6 +8,13 @@ use clap::{Parser, Subcommand};
 use orca_relay::cli;
 use orca_relay::config::{Config, ServeArgs};
 
+/// jemalloc, with its background threads purging freed pages (enabled first thing in `main`):
+/// under churn glibc's malloc kept the peaks' freed memory resident, ~11 % over the idle baseline
+/// after a 10-minute soak; jemalloc's decay returns it within seconds of the load stopping.
+#[cfg(unix)]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(
     name = "orca-relay",
@@ -55,6 +62,10 @@ enum Command {
 
 fn main() -> ExitCode {
     orca_relay::logging::init();
+    #[cfg(unix)]
+    if let Err(e) = tikv_jemalloc_ctl::background_thread::write(true) {
+        log::warn!("[orca-relay] allocator background purging unavailable: {e}");
+    }
     let cli = Cli::parse();
     match cli.command {
         None => serve(&cli.serve),
