@@ -53,6 +53,10 @@ struct Args {
     /// Database pool of every process.
     #[arg(long, default_value = "8")]
     pool_max: usize,
+    /// Database pool of the cells only (default: `--pool-max`); a small one puts the cells' store
+    /// calls (activations, releases, renewals) under pressure while the directors keep theirs.
+    #[arg(long)]
+    cell_pool_max: Option<usize>,
     /// What a host does when its cell sends `drain`: `leave` closes the control and re-resolves at
     /// once (director.md §6.1, the desktop); `hold` keeps it until the cell closes it at the grace.
     #[arg(long, default_value = "leave", value_parser = ["leave", "hold"])]
@@ -137,8 +141,11 @@ async fn main() {
             .map(|i| (format!("c{i}"), REGION.to_string()))
             .collect(),
         capacity_requests: (a.hosts as i64 * 2).max(100),
-        pool_max: a.pool_max,
-        director_env: vec![],
+        pool_max: a.cell_pool_max.unwrap_or(a.pool_max),
+        director_env: vec![(
+            "ORCA_RELAY_DATABASE_POOL_MAX".into(),
+            a.pool_max.to_string(),
+        )],
     };
     let started = Instant::now();
     let fleet = start_fleet(&bin, &t.url, &spec).await;
@@ -202,11 +209,12 @@ async fn main() {
         a.directors
     );
     println!(
-        "roll_bench: on drain {}, drain grace {} ms, pace window {} ms, pool {} per process, sampling every {} ms, binary {}",
+        "roll_bench: on drain {}, drain grace {} ms, pace window {} ms, pool {} per director and {} per cell, sampling every {} ms, binary {}",
         a.on_drain,
         a.grace_ms,
         a.pace_window_ms,
         a.pool_max,
+        a.cell_pool_max.unwrap_or(a.pool_max),
         a.sample_ms,
         bin.display()
     );
@@ -305,8 +313,40 @@ async fn main() {
         roll_sampler::RELEASE_WINDOW.as_millis(),
         seen.stopped_leases
     );
-    for v in violations.iter().take(5) {
-        println!("  {v}");
+    // The first sample of each host seen double served (up to 20 hosts), then how many samples
+    // each had.
+    let mut per_host: BTreeMap<&str, (usize, &str)> = BTreeMap::new();
+    for v in violations {
+        let host = v.split(':').next().unwrap_or_default();
+        per_host.entry(host).or_insert((0, v.as_str())).0 += 1;
+    }
+    for (n, first) in per_host.values().take(20) {
+        println!("  {n} samples, first: {first}");
+    }
+    // What the processes logged about releases and renewals that did not land.
+    let lines = fleet.all_lines();
+    for what in [
+        "activity release failed",
+        "activity release landed",
+        "control renewal failed",
+        "control re-acquire failed",
+        "orca_relay_postgres_transaction_retry_exhausted",
+    ] {
+        let hits: Vec<&String> = lines.iter().filter(|l| l.contains(what)).collect();
+        let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+        for l in &hits {
+            let tail = l
+                .find("error=")
+                .or_else(|| l.find("attempts="))
+                .or_else(|| l.find("outcome="))
+                .or_else(|| l.find('{'))
+                .map_or("", |i| &l[i..]);
+            *kinds.entry(tail.chars().take(120).collect()).or_default() += 1;
+        }
+        println!("roll_bench: log lines '{what}': {}", hits.len());
+        for (k, n) in kinds.iter().take(6) {
+            println!("  {n:>6}  {k}");
+        }
     }
     println!(
         "roll_bench: goal (no host without a grant > 15 s): {}",

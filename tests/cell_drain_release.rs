@@ -2,12 +2,19 @@
 //! that leaves a draining cell on its own has its control lease released at once (a draining cell
 //! refuses every activation, so the orphaned session can never be rebound, protocol.md §11 step 1),
 //! while on a cell that is not draining the lease stays through the orphan grace (§4.5, a rebind
-//! is still possible) until a drain starts; and SIGTERM with no grace retires orphaned sessions too, releasing their
-//! leases before the process closes its database. SQLite and, with
-//! `ORCA_RELAY_TEST_POSTGRES_URL`, Postgres.
+//! is still possible) until a drain starts; SIGTERM with no grace retires orphaned sessions too, releasing their
+//! leases before the process closes its database; a host whose activation a drain overtakes
+//! (§3.5 step 4) hears its 4503 only once its lease is gone; and a release that misses its
+//! deadline on a draining cell still lands (not cancelled, retried if it fails) instead of
+//! leaving the lease to expire.
+//! SQLite and, with `ORCA_RELAY_TEST_POSTGRES_URL`, Postgres.
 
+#[path = "support/row_lock.rs"]
+mod row_lock;
 #[path = "support/cell/mod.rs"]
 mod support;
+#[path = "support/write_block.rs"]
+mod write_block;
 
 use std::time::Duration;
 
@@ -16,6 +23,7 @@ use orca_relay::params;
 use orca_relay::store::Db;
 use serde_json::json;
 use support::*;
+use write_block::block_host_writes;
 
 /// The host's activated control leases (`control:<cell>:<generation>`) and its row's
 /// `reserved_controls`.
@@ -44,6 +52,21 @@ async fn controls(db: &Db, host: &Host) -> (Vec<String>, i64) {
         .map(|r| r.i64(0))
         .unwrap_or(-1);
     (leases, counted)
+}
+
+/// Every control-kind lease of the host, `control-pending:<epoch>` included (present until an
+/// activation converts it).
+async fn any_controls(db: &Db, host: &Host) -> Vec<String> {
+    db.query(
+        "SELECT activity_id FROM relay_assignment_activity_leases \
+         WHERE user_id = $1 AND relay_host_id = $2 AND activity_kind = 'control'",
+        params![&host.id.user_id, &host.id.relay_host_id],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.str(0))
+    .collect()
 }
 
 async fn drain(s: &Server, grace_ms: u64) {
@@ -133,5 +156,98 @@ async fn shutdown_releases_the_controls_of_orphaned_sessions() {
                 "no control lease left behind"
             );
         }
+    }
+}
+
+/// §3.5 step 4 with a drain that starts while the activation is in the store: the activation
+/// lands, the cell sees the drain and refuses the host 4503 `relay draining`, and the host, which
+/// re-resolves on that close at once (director.md §6.1), must not find its control still held by
+/// this running process when it activates on the next cell. So the close comes only after the
+/// release: read the moment the close arrives, the host has no control lease left (the grant's
+/// `control-pending` is gone too, which shows the activation did land first). Before, the close
+/// went out at once beside a release in the background (issue 12's roll: controls activated on a
+/// draining cell well under a second before the one on the next cell).
+#[tokio::test]
+async fn a_drain_overtaking_an_activation_releases_the_control_before_the_close() {
+    for t in dbs().await {
+        let s = start_on(&t.url, &[]).await;
+        let host = Host::assigned(&s, "drain-mid-activation").await;
+        assert_eq!(
+            any_controls(&t.db, &host).await.len(),
+            1,
+            "the grant's pending lease"
+        );
+        let key = host.key();
+        let cell = s.running.cell.clone().expect("cell role");
+        let block = block_host_writes(&t, &key.user_id, &key.relay_host_id).await;
+        let hello = host.hello();
+        let handshake = host.connect_with(&s, &hello);
+        let drive = async {
+            // The handshake holds the host's activation turn from its proof until its session is
+            // installed; held while the store's writes are held up, it is in the activation.
+            let activating = || {
+                cell.registry()
+                    .activation
+                    .get(&key)
+                    .is_some_and(|m| m.try_lock().is_err())
+            };
+            assert!(
+                real_eventually(SEC * 10, activating).await,
+                "activation in flight"
+            );
+            drain(&s, 60_000).await;
+            block.release().await;
+        };
+        let (refused, ()) = tokio::join!(handshake, drive);
+        let Err(refused) = refused else {
+            panic!("the activation was accepted on a draining cell")
+        };
+        // Read at once: nothing may still be in flight here.
+        let left = any_controls(&t.db, &host).await;
+        let counted = controls(&t.db, &host).await.1;
+        assert_eq!(refused, (4503, "relay draining".to_string()));
+        assert_eq!((left, counted), (vec![], 0), "released before the close");
+        s.running.shutdown().await;
+    }
+}
+
+/// A release that misses its 2 s deadline on a draining cell (the store held up, as under the
+/// roll's database pressure) still lands once the store lets it (the attempt goes on past the
+/// deadline and, if it fails, is retried): the host that left keeps no lease of this running
+/// process beside the control it activates elsewhere. Before, the attempt was cancelled at the
+/// deadline and the lease stayed until it expired (up to 105 s).
+#[tokio::test]
+async fn a_release_that_misses_its_deadline_on_a_draining_cell_still_lands() {
+    support::common::logs::install();
+    for t in dbs().await {
+        let s = start_on(&t.url, &[]).await;
+        let host = Host::assigned(&s, "late-release").await;
+        let mut c = host.connect(&s).await;
+        drain(&s, 60_000).await;
+        assert_eq!(c.recv(SEC * 10).await.unwrap()["type"], "drain");
+        let key = host.key();
+        let block = block_host_writes(&t, &key.user_id, &key.relay_host_id).await;
+        c.ws.close(None).await.unwrap();
+        // The first attempt cannot land while the writes are held: it misses its deadline.
+        let digest = orca_relay::logging::digest(&host.id.relay_host_id);
+        let missed = || {
+            support::common::logs::texts("orca_relay").iter().any(|l| {
+                (l.contains("activity release slow") || l.contains("activity release failed"))
+                    && l.contains(&digest)
+            })
+        };
+        assert!(
+            real_eventually(SEC * 20, missed).await,
+            "first release attempt missed its deadline"
+        );
+        assert_eq!(controls(&t.db, &host).await.0.len(), 1, "still held");
+        block.release().await;
+        let released = || async { controls(&t.db, &host).await == (vec![], 0) };
+        assert!(
+            eventually_async(SEC * 15, released).await,
+            "released by a retry: {:?}",
+            controls(&t.db, &host).await
+        );
+        s.running.shutdown().await;
     }
 }

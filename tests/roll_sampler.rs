@@ -20,6 +20,7 @@ fn lease(cell: &str, inc: Option<&str>) -> LeaseSeen {
         incarnation: inc.map(str::to_owned),
         generation: 1,
         ms_left: 80_000,
+        renewed_ago: None,
     }
 }
 

@@ -38,6 +38,9 @@ const OUT_QUEUE: usize = 64;
 
 enum Fail {
     Close(u16, &'static str),
+    /// Release this activated control, then close: the host re-resolves on the close, and must
+    /// not find the control still held here next to the one it activates elsewhere.
+    ReleaseThenClose(String, u16, &'static str),
     Gone,
 }
 
@@ -96,6 +99,11 @@ pub async fn run(
     let (session, sock_id, rx) = match handshake {
         Ok(x) => x,
         Err(Fail::Close(code, r)) => {
+            cell.close_leg(Leg::Control, &mut ws, code, r).await;
+            return;
+        }
+        Err(Fail::ReleaseThenClose(activity, code, r)) => {
+            cell.release_activity_before_close(&key, activity).await;
             cell.close_leg(Leg::Control, &mut ws, code, r).await;
             return;
         }
@@ -282,6 +290,10 @@ async fn handshake(
             reason::CONTROL_ACTIVATION_SUPERSEDED,
         ));
     }
+    // A draining cell activates nothing (§11 step 1): refused before a lease is written.
+    if cell.is_draining() {
+        return Err(close_with(close::DRAINING, reason::RELAY_DRAINING));
+    }
     let now = now_ms();
     let activity = match store::activate_control(
         &cell.ctx.db,
@@ -312,85 +324,109 @@ async fn handshake(
     .await
     .is_err()
     {
-        cell.release_activity(key, activity);
-        return Err(close_with(
+        return Err(Fail::ReleaseThenClose(
+            activity,
             close::WRONG_CELL,
             reason::ASSIGNMENT_CHANGED_DURING_HOST_PROOF,
         ));
     }
-    if cell.is_draining() {
-        cell.release_activity(key, activity);
-        return Err(close_with(close::DRAINING, reason::RELAY_DRAINING));
-    }
     let (tx, rx) = mpsc::channel(OUT_QUEUE);
-    let sock_id = cell.registry().next_id();
-    let control = ControlRef {
-        sock_id,
-        tx,
-        pending_details,
-        idle_rehome,
+    // §3.5 step 4 and the install are one step under the registry lock, which the drain also
+    // takes to set `draining` and list its targets: either the drain lists this session (and
+    // tells it), or this activation sees the drain and is refused. Checked outside the lock, a
+    // session installed just after a drain listed its targets was never told and kept the host
+    // on the draining cell until SIGTERM.
+    let installed = {
+        let mut registry = cell.registry();
+        if cell.is_draining() {
+            Err(activity)
+        } else {
+            let sock_id = registry.next_id();
+            let control = ControlRef {
+                sock_id,
+                tx,
+                pending_details,
+                idle_rehome,
+            };
+            let now = now_ms();
+            let lease_expires_at = now
+                + limits::CONTROL_LEASE_MS
+                + rand::thread_rng()
+                    .gen_range(-limits::CONTROL_LEASE_JITTER_MS..limits::CONTROL_LEASE_JITTER_MS);
+            let (session, ack, replaced) = if rebind {
+                let s = seen.expect("rebind has a session");
+                let mut st = s.lock();
+                st.orphan_seq += 1;
+                st.authority_rev += 1;
+                if let Some(old) = st.control.replace(control) {
+                    old.send(ControlOut::Close(
+                        close::PEER_DROPPED,
+                        reason::CONTROL_REBOUND,
+                    ));
+                }
+                if st.activity_id != activity {
+                    let old = std::mem::replace(&mut st.activity_id, activity);
+                    if !old.is_empty() {
+                        cell.release_activity(key, old);
+                    }
+                }
+                st.epoch = epoch;
+                st.app_version = hello.app_version.clone();
+                st.claims = claims.clone();
+                st.lease_expires_at = lease_expires_at;
+                st.last_pong = now;
+                st.renewal_due = now + limits::CONTROL_TICK_MS as i64;
+                st.state = State::Active;
+                st.drain_sent = false;
+                let ack = hello_ack(&st, pending_details);
+                drop(st);
+                (s, ack, None)
+            } else {
+                let session = Arc::new(Session {
+                    key: key.clone(),
+                    id: registry.next_id(),
+                    inner: std::sync::Mutex::new(Inner {
+                        state: State::Active,
+                        generation,
+                        epoch,
+                        secret: crypto::random_b64u32(),
+                        lease_expires_at,
+                        authority_rev: 0,
+                        claims: claims.clone(),
+                        app_version: hello.app_version.clone(),
+                        drain_sent: false,
+                        control: Some(control),
+                        activity_id: activity,
+                        pending: Default::default(),
+                        active: Default::default(),
+                        orphan_seq: 0,
+                        last_pong: now,
+                        renewal_due: now + limits::CONTROL_TICK_MS as i64,
+                        renewal_in_flight: false,
+                    }),
+                });
+                let old = registry.sessions.insert(key.clone(), session.clone());
+                let ack = hello_ack(&session.lock(), pending_details);
+                (session, ack, Some(old))
+            };
+            Ok((session, ack, replaced, sock_id))
+        }
     };
-    let now = now_ms();
-    let lease_expires_at = now
-        + limits::CONTROL_LEASE_MS
-        + rand::thread_rng()
-            .gen_range(-limits::CONTROL_LEASE_JITTER_MS..limits::CONTROL_LEASE_JITTER_MS);
-    let (session, ack) = if rebind {
-        let s = seen.expect("rebind has a session");
-        let mut st = s.lock();
-        st.orphan_seq += 1;
-        st.authority_rev += 1;
-        if let Some(old) = st.control.replace(control) {
-            old.send(ControlOut::Close(
-                close::PEER_DROPPED,
-                reason::CONTROL_REBOUND,
-            ));
+    let (session, ack, replaced, sock_id) = match installed {
+        Ok(x) => x,
+        // The host re-resolves on this close at once (§6.1): its lease here goes first, or it
+        // would be activated on the next cell while this process still holds it.
+        Err(activity) => {
+            return Err(Fail::ReleaseThenClose(
+                activity,
+                close::DRAINING,
+                reason::RELAY_DRAINING,
+            ))
         }
-        if st.activity_id != activity {
-            let old = std::mem::replace(&mut st.activity_id, activity);
-            if !old.is_empty() {
-                cell.release_activity(key, old);
-            }
-        }
-        st.epoch = epoch;
-        st.app_version = hello.app_version.clone();
-        st.claims = claims.clone();
-        st.lease_expires_at = lease_expires_at;
-        st.last_pong = now;
-        st.renewal_due = now + limits::CONTROL_TICK_MS as i64;
-        st.state = State::Active;
-        st.drain_sent = false;
-        let ack = hello_ack(&st, pending_details);
-        drop(st);
-        (s, ack)
-    } else {
-        let session = Arc::new(Session {
-            key: key.clone(),
-            id: cell.registry().next_id(),
-            inner: std::sync::Mutex::new(Inner {
-                state: State::Active,
-                generation,
-                epoch,
-                secret: crypto::random_b64u32(),
-                lease_expires_at,
-                authority_rev: 0,
-                claims: claims.clone(),
-                app_version: hello.app_version.clone(),
-                drain_sent: false,
-                control: Some(control),
-                activity_id: activity,
-                pending: Default::default(),
-                active: Default::default(),
-                orphan_seq: 0,
-                last_pong: now,
-                renewal_due: now + limits::CONTROL_TICK_MS as i64,
-                renewal_in_flight: false,
-            }),
-        });
-        let old = cell
-            .registry()
-            .sessions
-            .insert(key.clone(), session.clone());
+    };
+    // A new generation (not a rebind): the replaced session is retired outside the registry
+    // lock (retire takes it).
+    if let Some(old) = replaced {
         if let Some(old) = old {
             retire(
                 cell,
@@ -399,9 +435,7 @@ async fn handshake(
             );
         }
         crate::sync::lock(&cell.signed_out).forget(key);
-        let ack = hello_ack(&session.lock(), pending_details);
-        (session, ack)
-    };
+    }
     if ws.send(Message::text(ack.to_string())).await.is_err() {
         // The session is installed before the ack (the ack carries its state). A socket that dies
         // before the ack reaches it is a control that closed at once: orphan grace (§4.5), so the

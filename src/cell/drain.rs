@@ -68,15 +68,20 @@ fn handle(cell: &Arc<Cell>, headers: &HeaderMap, body: h::Body) -> Response {
 /// Starts a drain: targets = sessions not closed, in creation order; the i-th of n is told at
 /// round(i·P/(n−1)) ms. A later drain cancels this one's pending sends and closes.
 pub fn start(cell: &Arc<Cell>, grace_ms: u64, pace_ms: u64) -> Vec<Arc<Session>> {
-    cell.draining.store(true, Ordering::SeqCst);
     let epoch = cell.drain_epoch.fetch_add(1, Ordering::SeqCst) + 1;
-    let mut targets: Vec<Arc<Session>> = cell
-        .registry()
-        .sessions
-        .values()
-        .filter(|s| s.lock().state != State::Closed)
-        .cloned()
-        .collect();
+    // `draining` is set under the registry lock, where an activation installs its session after
+    // checking it (control.rs): a session installed before this point is a target, any later
+    // activation is refused.
+    let mut targets: Vec<Arc<Session>> = {
+        let registry = cell.registry();
+        cell.draining.store(true, Ordering::SeqCst);
+        registry
+            .sessions
+            .values()
+            .filter(|s| s.lock().state != State::Closed)
+            .cloned()
+            .collect()
+    };
     targets.sort_by_key(|s| s.id);
     // Sessions already orphaned can no longer be rebound either (activations are refused from
     // now on): their control leases go now, the sessions wait for their grace or forced close.

@@ -19,6 +19,7 @@ pub mod idle_rehome;
 pub mod ledger;
 pub mod legs;
 pub mod phone;
+pub mod release;
 pub mod renew;
 pub mod session;
 pub mod splice;
@@ -58,10 +59,13 @@ pub struct Cell {
     pub sweep: Arc<splice::IdleSweep>,
     pub registry: Mutex<Registry>,
     pub signed_out: Mutex<SignedOut>,
-    pub draining: AtomicBool,
+    /// Set once by the first drain (or SIGTERM), never cleared; shared with the release tasks,
+    /// which keep retrying only on a draining cell (see [`Cell::release_activity_then`]).
+    pub draining: Arc<AtomicBool>,
     /// Bumped by every drain: a later drain cancels the earlier one's pending sends and closes.
     pub drain_epoch: AtomicU64,
     pub renewer: renew::Renewer,
+    pub releaser: release::Releaser,
     pub counts: Counts,
     /// Idle regional rehome (§13): running attempts and held idle-work tokens.
     pub idle: Arc<Mutex<idle_rehome::IdleRehome>>,
@@ -110,6 +114,8 @@ impl Cell {
         let verifier = HostTokenVerifier::new(crate::crypto::self_hosted_key(&signing), jwks);
         let ledger = ctx.config.hard_cap.map(|c| Mutex::new(Ledger::new(c.cap)));
         let renewer = renew::Renewer::start(ctx.clone());
+        let draining = Arc::new(AtomicBool::new(false));
+        let releaser = release::Releaser::start(ctx.clone(), draining.clone());
         let cell = Arc::new(Cell {
             verifier,
             preauth: PreAuthGate::default(),
@@ -120,9 +126,10 @@ impl Cell {
             sweep: Default::default(),
             registry: Mutex::new(Registry::default()),
             signed_out: Mutex::new(SignedOut::default()),
-            draining: AtomicBool::new(false),
+            draining,
             drain_epoch: AtomicU64::new(0),
             renewer,
+            releaser,
             counts: Counts::default(),
             idle: Default::default(),
             safety: Mutex::new(crate::rehome::rules::SafetyWindow::new(ctx.started_at)),
@@ -198,7 +205,7 @@ impl Cell {
 
     /// True once a drain was requested.
     pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::Relaxed)
+        self.draining.load(Ordering::SeqCst)
     }
 
     /// SIGTERM: drain with the shutdown grace and close every socket (protocol.md §11).
@@ -227,33 +234,49 @@ impl Cell {
         self.release_activity_then(key, activity_id, || {});
     }
 
-    /// As [`Cell::release_activity`], then runs `then` (also when the release fails or takes more
-    /// than 2 s, so a stuck database never keeps a socket open).
+    /// As [`Cell::release_activity`], then runs `then` once the first attempt has ended (landed or
+    /// failed) or [`release::RELEASE_DEADLINE`] has passed, whichever comes first: a stuck
+    /// database never keeps a socket open. Releases are batched ([`release`]).
+    ///
+    /// An attempt that misses the deadline is not cancelled; it goes on until the store answers
+    /// (each statement is bounded by the backend). One that fails is retried on a draining cell,
+    /// every [`release::RELEASE_RETRY_MIN`] doubling to [`release::RELEASE_RETRY_MAX`], until one
+    /// lands or the lease could no longer be live anyway
+    /// ([`crate::contract::limits::CONTROL_ACTIVITY_EXPIRY_MAX_MS`] after the first attempt;
+    /// shutdown's bounded task wait ends it earlier). A draining cell activates nothing
+    /// (protocol.md §11 step 1), so the id cannot have been given to a new session of this process
+    /// meanwhile, and the release is idempotent: the late delete can only remove the lease this
+    /// process gave up. Before, an attempt was cancelled at 2 s and never retried: the lease of a
+    /// host that left, still attributed to this running process, stayed until it expired (up to
+    /// 105 s after its last renewal) next to the control the host activated on another cell
+    /// (issue 12's roll under database pressure). Off a drain a failed attempt is not retried, as
+    /// before: the session ids of a live cell can be reused (a new session starts again at
+    /// generation 1), and the renewal and the expiry sweep settle it.
     pub fn release_activity_then(
         &self,
         key: &HostKey,
         activity_id: String,
         then: impl FnOnce() + Send + 'static,
     ) {
-        let db = self.ctx.db.clone();
-        let key = key.clone();
-        self.ctx.spawn("activity-release", async move {
-            let now = crate::clock::now_ms();
-            let release = crate::store::assignments::release_activity(&db, &key, &activity_id, now);
-            let outcome = tokio::time::timeout(std::time::Duration::from_secs(2), release).await;
-            if !matches!(outcome, Ok(Ok(()))) {
-                let error = match outcome {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "timeout".into(),
-                };
-                log::warn!(
-                    "[orca-relay] activity release failed host={} kind={} error={error}",
-                    crate::logging::digest(&key.relay_host_id),
-                    activity_id.split(':').next().unwrap_or("")
-                );
-            }
-            then();
+        self.releaser.submit(release::Release::new(
+            key.clone(),
+            activity_id,
+            Box::new(then),
+            crate::clock::now_ms(),
+        ));
+    }
+
+    /// Releases an activity and returns once the first attempt has ended (landed, failed, or
+    /// [`release::RELEASE_DEADLINE`] passed; retries continue as in [`Cell::release_activity_then`]). For
+    /// a relay-initiated close the host will act on: the host hears it only after its lease here
+    /// is gone, so a host that re-resolves at once never finds its old control still held by
+    /// this process next to the new one.
+    pub async fn release_activity_before_close(&self, key: &HostKey, activity_id: String) {
+        let (done, wait) = tokio::sync::oneshot::channel();
+        self.release_activity_then(key, activity_id, move || {
+            let _ = done.send(());
         });
+        let _ = wait.await;
     }
 }
 

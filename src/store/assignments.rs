@@ -991,6 +991,81 @@ pub async fn release_activity(
     })
 }
 
+/// Releases several activities in one transaction (a cell's batched releases): assignment rows
+/// in key order `FOR UPDATE SKIP LOCKED`, each host's leases, then the freed units once per
+/// cell. Per item: `true` when done (released, or nothing left to release), `false` when the
+/// host's row was locked elsewhere (skipped; the caller tries again). Many releases of one cell
+/// at once (a drain) otherwise each lock that cell's row in turn, queueing behind one another
+/// and behind the directors' moves off the cell.
+pub async fn release_activities(
+    db: &Db,
+    items: &[(HostKey, String)],
+    now: i64,
+) -> Result<Vec<bool>, DbError> {
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by(|a, b| {
+        let (x, y) = (&items[*a].0, &items[*b].0);
+        (&x.user_id, &x.relay_host_id).cmp(&(&y.user_id, &y.relay_host_id))
+    });
+    transaction!(db, "activity-lease", |tx| {
+        let mut done = vec![false; items.len()];
+        let mut freed: std::collections::BTreeMap<String, i64> = Default::default();
+        let mut locked: Option<(&HostKey, bool)> = None;
+        for &i in &order {
+            let (host, activity_id) = &items[i];
+            let held = match locked {
+                Some((k, held)) if k == host => held,
+                _ => {
+                    let got = tx
+                        .query_opt(
+                            "SELECT 1 FROM relay_assignments WHERE user_id = $1 AND relay_host_id = $2 \
+                             FOR UPDATE SKIP LOCKED",
+                            params![&host.user_id, &host.relay_host_id],
+                        )
+                        .await?
+                        .is_some();
+                    let held = got
+                        || tx
+                            .query_opt(
+                                "SELECT 1 FROM relay_assignments WHERE user_id = $1 AND relay_host_id = $2",
+                                params![&host.user_id, &host.relay_host_id],
+                            )
+                            .await?
+                            .is_none();
+                    // `held` without the lock: no row at all, nothing to release.
+                    locked = Some((host, held && got));
+                    if !got {
+                        done[i] = held;
+                        continue;
+                    }
+                    true
+                }
+            };
+            if !held {
+                continue;
+            }
+            let leases = lock_leases(tx, host).await?;
+            if let Some(l) = leases.iter().find(|l| &l.activity_id == activity_id) {
+                let n = tx
+                    .execute(
+                        "DELETE FROM relay_assignment_activity_leases WHERE user_id = $1 AND relay_host_id = $2 AND activity_id = $3",
+                        params![&host.user_id, &host.relay_host_id, &l.activity_id],
+                    )
+                    .await?;
+                if n > 0 {
+                    *freed.entry(l.cell_id.clone()).or_default() += l.request_units;
+                }
+                refresh_row(tx, host, Some(now), now).await?;
+            }
+            done[i] = true;
+        }
+        for (cell, units) in &freed {
+            free_cell(tx, cell, *units, now).await?;
+        }
+        Ok::<_, DbError>(done)
+    })
+}
+
 /// Renews a batch of control activities of one cell, one outcome per row, in order; a failed
 /// batch reads as `DatabaseError` for every row (see [`try_renew_control_activities`] for the
 /// error itself).

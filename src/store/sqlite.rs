@@ -162,9 +162,26 @@ impl SqliteDb {
                 .map_err(|_| DbError::Transient("sqlite closed".into()))?
         };
         self.wire.flight(1);
-        self.writer
-            .call(|c| c.execute_batch("BEGIN IMMEDIATE").map_err(map_err))
-            .await??;
+        // A caller cancelled while its BEGIN waits (a timeout around a store call, with the file
+        // busy) gives its slot back, but the job still runs: the transaction it opens would have
+        // no owner to finish it, and every later BEGIN on this connection would fail ("cannot
+        // start a transaction within a transaction") for as long as the process lives. The job
+        // rolls back a BEGIN nobody waits for any more, and, as the slot is exclusive, any
+        // transaction still open when a new one begins is such an orphan (a caller dropped
+        // between the reply and taking it), rolled back before the new BEGIN.
+        let (done, began) = oneshot::channel();
+        self.writer.fire(move |c| {
+            if !c.is_autocommit() {
+                let _ = c.execute_batch("ROLLBACK");
+            }
+            let r = c.execute_batch("BEGIN IMMEDIATE").map_err(map_err);
+            if let Err(Ok(())) = done.send(r) {
+                let _ = c.execute_batch("ROLLBACK");
+            }
+        });
+        began
+            .await
+            .map_err(|_| DbError::Transient("sqlite thread gone".into()))??;
         Ok(SqliteTx {
             worker: self.writer.clone(),
             _permit: Some(permit),
@@ -444,6 +461,36 @@ mod tests {
             assert_eq!(q.await.unwrap().unwrap().len(), 1);
         }
         assert_eq!(db.waits.snapshot().waiting, 0);
+    }
+
+    /// A `begin` cancelled while the file is busy (another connection holds its write lock)
+    /// leaves no transaction behind on the writer connection: the next one begins and commits.
+    #[tokio::test]
+    async fn a_begin_cancelled_while_the_file_is_busy_leaves_no_transaction_open() {
+        let dir = crate::store::testing::temp_dir("sqlite-cancelled-begin");
+        let path = dir.join("c.db");
+        let db = SqliteDb::open(path.to_str(), false).await.unwrap();
+        let mut tx = db.begin().await.unwrap();
+        tx.execute_batch("CREATE TABLE t (x INTEGER)")
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        let other = Connection::open(&path).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        // The BEGIN waits in the busy handler for `other`; its caller gives up.
+        let cancelled =
+            tokio::time::timeout(std::time::Duration::from_millis(200), db.begin()).await;
+        assert!(cancelled.is_err(), "begin could not have finished");
+        other.execute_batch("ROLLBACK").unwrap();
+        for x in 0..2 {
+            let mut tx = db.begin().await.expect("begin after a cancelled begin");
+            tx.execute("INSERT INTO t (x) VALUES ($1)", &[Value::Int(x)])
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+        }
+        let n = db.read("SELECT COUNT(*) FROM t", &[]).await.unwrap();
+        assert_eq!(n[0].i64(0), 2);
     }
 
     #[test]

@@ -109,13 +109,15 @@ fn read_running(cells: &[Watched], into: &mut Running) {
     }
 }
 
-/// One control lease seen: cell, incarnation (None when unset), generation, ms to expiry.
+/// One control lease seen: cell, incarnation (None when unset), generation, ms to expiry, and
+/// ms since its activation or last renewal (None when unset).
 #[derive(Debug, Clone)]
 pub struct LeaseSeen {
     pub cell: String,
     pub incarnation: Option<String>,
     pub generation: i64,
     pub ms_left: i64,
+    pub renewed_ago: Option<i64>,
 }
 
 /// The pure verdict for one host's unexpired activated control leases, seen in a snapshot taken
@@ -205,7 +207,7 @@ pub async fn sample(
         .query(
             "SELECT l.user_id, l.relay_host_id, l.cell_id, l.cell_incarnation, \
              COALESCE(l.control_generation, 0), l.expires_at - $1, \
-             (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT \
+             (EXTRACT(EPOCH FROM statement_timestamp()) * 1000)::BIGINT, l.renewed_at \
              FROM relay_assignment_activity_leases l \
              WHERE l.activity_kind = 'control' AND l.activity_id NOT LIKE 'control-pending:%' \
              AND l.expires_at > $1 AND (l.user_id, l.relay_host_id) IN ( \
@@ -231,32 +233,17 @@ pub async fn sample(
                 incarnation: r.opt_str(3),
                 generation: r.i64(4),
                 ms_left: r.i64(5),
+                renewed_ago: r.opt_i64(7).map(|at| snapshot_ms - at),
             });
     }
     for ((_, host), leases) in by_host {
         let view = views.get(&host).cloned().unwrap_or_default();
         match judge(&leases, &running, &view, url_of, snapshot_ms) {
             Verdict::Double => {
-                let shown: Vec<String> = leases
-                    .iter()
-                    .map(|l| {
-                        format!(
-                            "{} inc {} gen {} {} ms left",
-                            l.cell,
-                            l.incarnation.as_deref().map_or("none".into(), |i| i
-                                .chars()
-                                .take(8)
-                                .collect::<String>(
-                            )),
-                            l.generation,
-                            l.ms_left
-                        )
-                    })
-                    .collect();
                 out.violations.push(format!(
                     "host {}: {}",
                     orca_relay::logging::digest(&host),
-                    shown.join("; ")
+                    describe(&leases, &view, url_of, snapshot_ms)
                 ));
             }
             Verdict::ReleaseInFlight => out.releases_in_flight += 1,
@@ -265,6 +252,37 @@ pub async fn sample(
         }
     }
     Ok(())
+}
+
+/// One violation's leases, each with what the host recorded on that cell, times relative to the
+/// snapshot (negative: before it): `c2 inc 1a2b3c4d gen 3, 89000 ms left, renewed -1200, host
+/// joined -1300 left -400`.
+fn describe(
+    leases: &[LeaseSeen],
+    host: &HostView,
+    url_of: &BTreeMap<String, String>,
+    snapshot_ms: i64,
+) -> String {
+    let rel = |at: Option<&i64>| at.map_or("never".to_string(), |t| format!("{}", t - snapshot_ms));
+    leases
+        .iter()
+        .map(|l| {
+            let url = url_of.get(&l.cell);
+            format!(
+                "{} inc {} gen {}, {} ms left, renewed {}, host joined {} left {}",
+                l.cell,
+                l.incarnation
+                    .as_deref()
+                    .map_or("none".into(), |i| i.chars().take(8).collect::<String>()),
+                l.generation,
+                l.ms_left,
+                l.renewed_ago.map_or("never".into(), |a| format!("{}", -a)),
+                rel(url.and_then(|u| host.joined_at.get(u))),
+                rel(url.and_then(|u| host.left_at.get(u))),
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Samples every `every` until `stop`; returns what it saw.
