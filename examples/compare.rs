@@ -12,6 +12,8 @@
 //! ```text
 //! cargo run --release --example compare                  # 3 rounds, everything
 //! cargo run --release --example compare -- --rounds 5 --only ours,node --ours-env TOKIO_WORKER_THREADS=2
+//! # before/after: an earlier commit's binary beside this one, throughput under SCHED_FIFO too
+//! cargo run --release --example compare -- --only ours --base-bin /path/to/old/orca-relay --rt-throughput 1
 //! ```
 //! It builds `orca-relay` and `loadgen` itself (`cargo build --release`, the binary without the
 //! test-only features examples turn on), runs `npm ci` in `examples/node_relay` when its
@@ -26,8 +28,9 @@ use serde_json::{json, Value};
 
 const SIGNING: &str = "compare-bench-signing-key-0123456789abcdef";
 /// `ours`: `--role all` (the single-node default); `cell`: `--role director,cell` (no push worker);
-/// `node`, `c`: the plain relays; `none`: the load generator against itself.
-const KINDS: [&str; 5] = ["ours", "cell", "node", "c", "none"];
+/// `node`, `c`: the plain relays; `none`: the load generator against itself; `base`: `--role all`
+/// from the binary `--base-bin` names (a build of an earlier commit), for before/after figures.
+const KINDS: [&str; 6] = ["ours", "cell", "node", "c", "none", "base"];
 
 struct Args {
     rounds: usize,
@@ -49,6 +52,12 @@ struct Args {
     /// SCHED_FIFO priority of the second latency run (relay and load generator), 0 = none: the
     /// relays' own tails without other processes' time slices in them (needs root).
     rt: u32,
+    /// The throughput phase under SCHED_FIFO as well (`--rt-throughput 1`): on a machine shared
+    /// with builds, the relay's core and the generator's are then theirs alone, so two builds of
+    /// the relay can be compared by frames/s and not by how much CPU each happened to get.
+    rt_throughput: bool,
+    /// `orca-relay` of an earlier commit: adds the `base` relay.
+    base_bin: Option<PathBuf>,
 }
 
 fn args() -> Args {
@@ -62,11 +71,13 @@ fn args() -> Args {
         latency_seconds: 10,
         relay_core: 0,
         loadgen_core: 1,
-        only: KINDS.map(String::from).to_vec(),
+        only: KINDS[..5].iter().map(|k| k.to_string()).collect(),
         ours_env: Vec::new(),
         build: true,
         nice: 0,
         rt: 5,
+        rt_throughput: false,
+        base_bin: None,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -91,6 +102,8 @@ fn args() -> Args {
             "--build" => a.build = v != "0",
             "--nice" => a.nice = v.parse().expect("--nice: an integer"),
             "--rt" => a.rt = num("--rt") as u32,
+            "--rt-throughput" => a.rt_throughput = v != "0",
+            "--base-bin" => a.base_bin = Some(PathBuf::from(&v)),
             other => panic!("unknown flag {other}"),
         }
         i += 2;
@@ -98,9 +111,16 @@ fn args() -> Args {
     for r in &a.only {
         assert!(
             KINDS.contains(&r.as_str()),
-            "--only takes a comma list of ours,cell,node,c,none"
+            "--only takes a comma list of ours,cell,node,c,none,base"
         );
     }
+    if a.base_bin.is_some() && !a.only.iter().any(|k| k == "base") {
+        a.only.push("base".into());
+    }
+    assert!(
+        a.base_bin.is_some() || !a.only.iter().any(|k| k == "base"),
+        "the base relay needs --base-bin PATH"
+    );
     a
 }
 
@@ -177,9 +197,13 @@ struct Paths {
 
 fn start(kind: &str, a: &Args, p: &Paths, pin: bool) -> Option<Relay> {
     match kind {
-        "ours" | "cell" => {
+        "ours" | "cell" | "base" => {
             let dir = tempfile::tempdir().expect("temp dir");
-            let mut cmd = pinned(pin, a.nice, a.relay_core, &p.orca);
+            let bin = match (kind, &a.base_bin) {
+                ("base", Some(b)) => b.as_path(),
+                _ => p.orca.as_path(),
+            };
+            let mut cmd = pinned(pin, a.nice, a.relay_core, bin);
             cmd.env_clear();
             if kind == "cell" {
                 cmd.env("ORCA_RELAY_ROLE", "director,cell")
@@ -259,7 +283,8 @@ fn measure(
     pin: bool,
 ) -> Value {
     let s = |v: &dyn ToString| v.to_string();
-    let mut cmd = if phase == Phase::LatencyRt {
+    let fifo = phase == Phase::LatencyRt || (phase == Phase::Throughput && a.rt_throughput);
+    let mut cmd = if fifo {
         if let Some(r) = relay {
             // Every thread of the running relay (threads it starts later inherit the policy).
             run(
@@ -288,7 +313,7 @@ fn measure(
         _ => cmd.args(["--pairs", &s(&a.latency_pairs), "--skip-throughput", "1"]),
     };
     match (kind, relay) {
-        ("ours" | "cell", Some(r)) => {
+        ("ours" | "cell" | "base", Some(r)) => {
             cmd.args(["--url", &r.url, "--signing-key", SIGNING]);
         }
         (_, Some(r)) => {
@@ -400,7 +425,11 @@ fn main() {
     } else {
         &[Phase::Throughput, Phase::Latency]
     };
-    let a = Args { rt, ..a };
+    let a = Args {
+        rt,
+        rt_throughput: a.rt_throughput && rt > 0,
+        ..a
+    };
     let load_before = loadavg();
     // results[kind][phase] = one report per round
     let mut results: Vec<Vec<Vec<Value>>> = vec![vec![Vec::new(); 3]; kinds.len()];
@@ -421,6 +450,7 @@ fn main() {
     let label = |k: &str| match k {
         "ours" => "orca-relay (role all)",
         "cell" => "orca-relay (director+cell)",
+        "base" => "orca-relay base (role all)",
         "node" => "Node.js ws",
         "c" => "C epoll",
         _ => "no relay (loadgen floor)",
@@ -461,8 +491,15 @@ fn main() {
         median(&mut v)
     };
     println!(
-        "\nthroughput: {} pairs x {} frames in flight per direction, {} s per size",
-        a.pairs, a.inflight, a.seconds
+        "\nthroughput: {} pairs x {} frames in flight per direction, {} s per size{}",
+        a.pairs,
+        a.inflight,
+        a.seconds,
+        if a.rt_throughput {
+            format!(", relay and load generator under SCHED_FIFO {}", a.rt)
+        } else {
+            String::new()
+        }
     );
     println!(
         "| {:<26} | {:>11} | {:>14} | {:>11} | {:>14} |",

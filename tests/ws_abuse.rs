@@ -18,6 +18,8 @@
 mod cluster;
 #[path = "support/faults.rs"]
 mod faults;
+#[path = "support/raw_ws.rs"]
+mod raw_ws;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -93,22 +95,7 @@ async fn upgrade(addr: SocketAddr, path: &str, xff: &str) -> Result<TcpStream, S
 
 /// A masked client text frame.
 fn frame(payload: &[u8]) -> Vec<u8> {
-    let mut out = vec![0x81];
-    match payload.len() {
-        n if n < 126 => out.push(0x80 | n as u8),
-        n if n < 65536 => {
-            out.push(0x80 | 126);
-            out.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-        n => {
-            out.push(0x80 | 127);
-            out.extend_from_slice(&(n as u64).to_be_bytes());
-        }
-    }
-    let key = [0x5a, 0x21, 0x0f, 0x77];
-    out.extend_from_slice(&key);
-    out.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
-    out
+    raw_ws::frame(0x81, payload, Some([0x5a, 0x21, 0x0f, 0x77]))
 }
 
 /// Reads until the server closes (EOF or error) or `within` passes: true if it closed.

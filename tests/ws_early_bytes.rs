@@ -4,65 +4,24 @@
 //! pre-auth budget exactly like bytes read later: a pipelined first frame is answered, a pipelined
 //! framing violation is closed with its code, a pipelined oversized first frame is closed 1009.
 
+#[path = "support/raw_ws.rs"]
+mod raw_ws;
 #[path = "support/cell/mod.rs"]
 mod support;
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use raw_ws::upgrade_with;
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
-const KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
-
-/// Sends the upgrade request for `path` and `early` in one write; returns the socket after the
-/// 101 (read byte by byte, so nothing after the head is consumed).
-async fn upgrade_with(addr: SocketAddr, path: &str, extra: &str, early: &[u8]) -> TcpStream {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    let mut req = format!(
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: {KEY}\r\n{extra}\r\n"
-    )
-    .into_bytes();
-    req.extend_from_slice(early);
-    s.write_all(&req).await.unwrap();
-    let mut got = Vec::new();
-    let mut b = [0u8; 1];
-    while !got.ends_with(b"\r\n\r\n") {
-        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut b))
-            .await
-            .expect("answer")
-            .unwrap();
-        assert_eq!(n, 1, "closed: {:?}", String::from_utf8_lossy(&got));
-        got.push(b[0]);
-    }
-    let head = String::from_utf8_lossy(&got);
-    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    s
-}
-
 /// A masked client frame (`first` = FIN/RSV/opcode byte).
 fn frame(first: u8, payload: &[u8]) -> Vec<u8> {
-    let mut out = vec![first];
-    match payload.len() {
-        n if n < 126 => out.push(0x80 | n as u8),
-        n if n < 65536 => {
-            out.push(0x80 | 126);
-            out.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-        n => {
-            out.push(0x80 | 127);
-            out.extend_from_slice(&(n as u64).to_be_bytes());
-        }
-    }
-    let key = [0x21, 0x43, 0x65, 0x87];
-    out.extend_from_slice(&key);
-    out.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
-    out
+    raw_ws::frame(first, payload, Some([0x21, 0x43, 0x65, 0x87]))
 }
 
 /// Every message the relay sends until its close frame: (texts, close code), within `within`.

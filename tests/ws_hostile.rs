@@ -3,6 +3,8 @@
 //! `Sec-WebSocket-Key` is refused 400; an oversized unauthenticated first frame is closed 1009
 //! after a few KiB, and 45 such sockets do not balloon the process.
 
+#[path = "support/raw_ws.rs"]
+mod raw_ws;
 #[path = "support/cell/mod.rs"]
 mod support;
 
@@ -13,57 +15,14 @@ use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-const KEY: &str = "dGhlIHNhbXBsZSBub25jZQ==";
-
 /// Upgrades `path` over raw TCP; returns the socket after the 101 (panics otherwise).
 async fn upgrade(addr: SocketAddr, path: &str, extra: &str) -> TcpStream {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    let req = format!(
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: {KEY}\r\n{extra}\r\n"
-    );
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut got = Vec::new();
-    let mut b = [0u8; 1];
-    while !got.ends_with(b"\r\n\r\n") {
-        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut b))
-            .await
-            .expect("answer")
-            .unwrap();
-        assert!(
-            n == 1,
-            "closed during the handshake: {:?}",
-            String::from_utf8_lossy(&got)
-        );
-        got.push(b[0]);
-    }
-    let head = String::from_utf8_lossy(&got);
-    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    s
+    raw_ws::upgrade_with(addr, path, extra, b"").await
 }
 
 /// One client frame: `first` byte (FIN/RSV/opcode), payload, masked or not.
 fn frame(first: u8, payload: &[u8], masked: bool) -> Vec<u8> {
-    let mut out = vec![first];
-    let m = if masked { 0x80 } else { 0 };
-    match payload.len() {
-        n if n < 126 => out.push(m | n as u8),
-        n if n < 65536 => {
-            out.push(m | 126);
-            out.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-        n => {
-            out.push(m | 127);
-            out.extend_from_slice(&(n as u64).to_be_bytes());
-        }
-    }
-    if masked {
-        let key = [0x12, 0x34, 0x56, 0x78];
-        out.extend_from_slice(&key);
-        out.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
-    } else {
-        out.extend_from_slice(payload);
-    }
-    out
+    raw_ws::frame(first, payload, masked.then_some([0x12, 0x34, 0x56, 0x78]))
 }
 
 /// Reads server frames until a close frame: `Some(code)`, or `None` on a bare drop / timeout.

@@ -212,14 +212,8 @@ pub fn authenticated(ws: &Ws) {
     ws.get_ref().lift();
 }
 
-/// Answers 101 and returns the future socket. No extension or subprotocol is ever accepted.
-pub fn accept(
-    req: &mut http::Request<Incoming>,
-    key: &HeaderValue,
-    leg: Leg,
-) -> (Response, impl std::future::Future<Output = Option<Ws>>) {
-    let on_upgrade = hyper::upgrade::on(req);
-    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+/// A `101 Switching Protocols` with `Connection: upgrade` and `Upgrade: websocket` (no accept key).
+fn switching_protocols() -> Response {
     let mut r = Response::default();
     *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let h = r.headers_mut();
@@ -228,8 +222,21 @@ pub fn accept(
         HeaderValue::from_static("upgrade"),
     );
     h.insert(http::header::UPGRADE, HeaderValue::from_static("websocket"));
+    r
+}
+
+/// Answers 101 and returns the future socket. No extension or subprotocol is ever accepted.
+pub fn accept(
+    req: &mut http::Request<Incoming>,
+    key: &HeaderValue,
+    leg: Leg,
+) -> (Response, impl std::future::Future<Output = Option<Ws>>) {
+    let on_upgrade = hyper::upgrade::on(req);
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let mut r = switching_protocols();
     if let Ok(v) = HeaderValue::from_str(&accept) {
-        h.insert(http::header::SEC_WEBSOCKET_ACCEPT, v);
+        r.headers_mut()
+            .insert(http::header::SEC_WEBSOCKET_ACCEPT, v);
     }
     let fut = async move {
         let upgraded = on_upgrade.await.ok()?;
@@ -374,15 +381,7 @@ mod tests {
                         let (io, early) = LegIo::unwrap(upgraded);
                         let _ = tx.unwrap().send((io, early));
                     });
-                    let mut r = Response::default();
-                    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-                    let h = r.headers_mut();
-                    h.insert(
-                        http::header::CONNECTION,
-                        HeaderValue::from_static("upgrade"),
-                    );
-                    h.insert(http::header::UPGRADE, HeaderValue::from_static("websocket"));
-                    Ok::<_, std::convert::Infallible>(r)
+                    Ok::<_, std::convert::Infallible>(switching_protocols())
                 }
             });
             let _ = hyper::server::conn::http1::Builder::new()
