@@ -531,6 +531,20 @@ const IS_HEAD: &str = "NOT EXISTS (SELECT 1 FROM push_deliveries e WHERE e.regis
 /// "No row of the same registration holds a live lease."
 const NO_LIVE_LEASE: &str = "NOT EXISTS (SELECT 1 FROM push_deliveries o WHERE o.registration_id = {t}.registration_id AND o.lease_until > $1)";
 
+/// Appended to the `RETURNING` list of the worker's writes (lease, finish) on Postgres: turns off
+/// `synchronous_commit` for that transaction only, so its `COMMIT` does not wait for the WAL
+/// flush. At-least-once holds: a claim or finish lost in a database crash leaves the row pending
+/// (unleased, or leased until its lease lapses) and it is sent again; a later durable commit
+/// flushes the earlier WAL, so nothing durable can depend on a lost one. Accepts stay
+/// synchronous (a `queued` answer means committed). Evaluated per written row: a transaction
+/// that wrote nothing has nothing to flush.
+fn async_commit(tx: &Tx) -> &'static str {
+    match tx.kind() {
+        super::DbKind::Postgres => ", set_config('synchronous_commit', 'off', true)",
+        super::DbKind::Sqlite => "",
+    }
+}
+
 /// Claims up to `max` due deliveries in one transaction (push.md §7, batched): each candidate is
 /// the head of its registration (earliest unexpired row in due order), due, unleased, and its
 /// registration holds no live lease. On Postgres the candidates are locked `FOR UPDATE SKIP
@@ -624,9 +638,10 @@ async fn claim_batch_in(
     let lease_sql = format!(
         "UPDATE push_deliveries SET lease_token = $2, lease_until = $3, attempts = attempts + 1 \
          WHERE delivery_id IN ({list}) AND lease_until <= $1 AND expires_at > $1 AND due_at <= $1 AND {} AND {} \
-         RETURNING delivery_id, host_fingerprint, registration_id, payload_json, expires_at, attempts",
+         RETURNING delivery_id, host_fingerprint, registration_id, payload_json, expires_at, attempts{}",
         NO_LIVE_LEASE.replace("{t}", "push_deliveries"),
         IS_HEAD.replace("{t}", "push_deliveries"),
+        async_commit(tx),
     );
     let leased = tx.query(&lease_sql, &p).await?;
     if leased.is_empty() {
@@ -717,7 +732,10 @@ pub async fn finish_batch(db: &Db, items: &[(&Claimed, Finish)]) -> Result<Vec<b
             let mut p = Vec::new();
             let cond = lease_match(&deletes, &mut p);
             statements.push((
-                format!("DELETE FROM push_deliveries WHERE {cond} RETURNING delivery_id"),
+                format!(
+                    "DELETE FROM push_deliveries WHERE {cond} RETURNING delivery_id{}",
+                    async_commit(tx)
+                ),
                 p,
             ));
         }
@@ -737,7 +755,7 @@ pub async fn finish_batch(db: &Db, items: &[(&Claimed, Finish)]) -> Result<Vec<b
             let owned: Vec<&Claimed> = retries.iter().map(|(c, _)| *c).collect();
             let cond = lease_match(&owned, &mut p);
             statements.push((
-                format!("UPDATE push_deliveries SET due_at = {case}, lease_until = 0, lease_token = NULL WHERE {cond} RETURNING delivery_id"),
+                format!("UPDATE push_deliveries SET due_at = {case}, lease_until = 0, lease_token = NULL WHERE {cond} RETURNING delivery_id{}", async_commit(tx)),
                 p,
             ));
         }
