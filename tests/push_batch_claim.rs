@@ -285,3 +285,92 @@ async fn concurrent_claimers_keep_one_in_flight_per_registration() {
         }
     }
 }
+
+/// A finish batch mixing the leases of several claims (the finisher commits whatever
+/// accumulated): each entry changes its row only under its own lease token, a stale entry (a
+/// lapsed and re-leased row) or one under another claim's token changes nothing, and token
+/// groups longer than 4 (their id lists padded to 8) delete exactly their rows.
+#[tokio::test]
+async fn finish_batch_matches_each_rows_own_token() {
+    for t in backends().await {
+        let db = &t.db;
+        let now = orca_relay::clock::now_ms();
+        let exp = now + 200_000;
+        for r in 0..13 {
+            insert(
+                db,
+                &format!("r{r:02}"),
+                &format!("R{r:02}"),
+                now - 100 + r,
+                exp,
+            )
+            .await;
+            insert(
+                db,
+                &format!("s{r:02}"),
+                &format!("R{r:02}"),
+                now - 50 + r,
+                exp,
+            )
+            .await;
+        }
+        // r00's first lease lapses and r00 is leased again: the first lease is stale.
+        let stale = store::claim_batch(db, &LIMITS, now, 1)
+            .await
+            .unwrap()
+            .claimed;
+        let later = now + LIMITS.lease_ms;
+        let fresh = store::claim_batch(db, &LIMITS, later, 1)
+            .await
+            .unwrap()
+            .claimed;
+        assert_eq!(
+            (ids(&stale), ids(&fresh)),
+            (vec!["r00"], vec!["r00"]),
+            "{:?}",
+            t.kind()
+        );
+        let a = store::claim_batch(db, &LIMITS, later, 6)
+            .await
+            .unwrap()
+            .claimed;
+        let b = store::claim_batch(db, &LIMITS, later, 6)
+            .await
+            .unwrap()
+            .claimed;
+        assert_eq!(ids(&a), ["r01", "r02", "r03", "r04", "r05", "r06"]);
+        assert_eq!(ids(&b), ["r07", "r08", "r09", "r10", "r11", "r12"]);
+        assert_ne!(a[0].lease_token, b[0].lease_token);
+        // r01 under b's token matches nothing.
+        let mut swapped = a[0].clone();
+        swapped.lease_token = b[0].lease_token.clone();
+
+        let mut items: Vec<(&Claimed, Finish)> =
+            vec![(&swapped, Finish::Delete), (&stale[0], Finish::Delete)];
+        for c in a[1..].iter().chain(&b[..5]) {
+            items.push((c, Finish::Delete));
+        }
+        items.push((&b[5], Finish::Retry(later + 5_000)));
+        let done = store::finish_batch(db, &items).await.unwrap();
+        let mut want = vec![false, false];
+        want.extend([true; 11]);
+        assert_eq!(done, want, "{:?}", t.kind());
+        let mut left: Vec<String> = db
+            .query("SELECT delivery_id FROM push_deliveries", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.str(0))
+            .collect();
+        left.sort();
+        let mut expected: Vec<String> = ["r00", "r01", "r12"].map(String::from).to_vec();
+        expected.extend((0..13).map(|r| format!("s{r:02}")));
+        assert_eq!(left, expected, "{:?}", t.kind());
+        assert_eq!(doubly_leased(db, later).await, 0);
+        // r01 is still leased under a's token and r00 under the fresh one.
+        let done = store::finish_batch(db, &[(&a[0], Finish::Delete), (&fresh[0], Finish::Delete)])
+            .await
+            .unwrap();
+        assert_eq!(done, [true, true]);
+    }
+}

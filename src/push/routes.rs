@@ -464,21 +464,20 @@ impl Push {
         let mut results = Vec::with_capacity(ids.len());
         let mut enqueued = false;
         for id in ids {
-            let status = match store::device_state(&self.ctx.db, &fp, &id).await? {
-                None => "error",
-                Some(true) => "dead",
-                Some(false) => {
-                    match store::accept(&self.ctx.db, &fp, &event, &id, &LIMITS, now_ms()).await? {
-                        Accept::Enqueued => {
-                            enqueued = true;
-                            "queued"
-                        }
-                        Accept::Queued => "queued",
-                        Accept::RateLimited => "rate_limited",
-                        Accept::Error => "error",
+            // The registration check and `accept` in one transaction per recipient.
+            let status =
+                match store::send_recipient(&self.ctx.db, &fp, &event, &id, &LIMITS, now_ms())
+                    .await?
+                {
+                    Accept::Enqueued => {
+                        enqueued = true;
+                        "queued"
                     }
-                }
-            };
+                    Accept::Queued => "queued",
+                    Accept::RateLimited => "rate_limited",
+                    Accept::Unknown | Accept::Error => "error",
+                    Accept::Dead => "dead",
+                };
             self.count(match status {
                 "queued" => "send_queued",
                 "dead" => "send_dead",

@@ -38,6 +38,11 @@ const SQLITE: &[Migration] = &[
         name: "rehome-worker",
         sql: include_str!("../../sql/sqlite/0003_rehome_worker.sql"),
     },
+    Migration {
+        version: 4,
+        name: "push-fillfactor",
+        sql: include_str!("../../sql/sqlite/0004_push_fillfactor.sql"),
+    },
 ];
 
 const POSTGRES: &[Migration] = &[
@@ -55,6 +60,11 @@ const POSTGRES: &[Migration] = &[
         version: 3,
         name: "rehome-worker",
         sql: include_str!("../../sql/postgres/0003_rehome_worker.sql"),
+    },
+    Migration {
+        version: 4,
+        name: "push-fillfactor",
+        sql: include_str!("../../sql/postgres/0004_push_fillfactor.sql"),
     },
 ];
 

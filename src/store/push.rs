@@ -235,21 +235,6 @@ pub async fn delete_device(
     })
 }
 
-/// The caller's registration for a send: `None` unknown, `Some(dead)`.
-pub async fn device_state(
-    db: &Db,
-    fp: &str,
-    registration_id: &str,
-) -> Result<Option<bool>, DbError> {
-    let rows = db
-        .query(
-            "SELECT dead_at FROM push_devices WHERE registration_id = $1 AND host_fingerprint = $2",
-            params![registration_id, fp],
-        )
-        .await?;
-    Ok(rows.first().map(|r| !r.is_null(0)))
-}
-
 /// The registration's current target, for the worker.
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -281,6 +266,10 @@ pub enum Accept {
     Queued,
     RateLimited,
     Error,
+    /// The caller has no registration with this id (`send_recipient` only): `error`.
+    Unknown,
+    /// The registration is dead (`send_recipient` only): `dead`.
+    Dead,
 }
 
 /// The accept transaction for one recipient, under scope `orca-push-events:<fp>`.
@@ -294,118 +283,172 @@ pub async fn accept(
 ) -> Result<Accept, DbError> {
     transaction!(db, "push_accept", |tx| {
         tx.scope_lock(&format!("orca-push-events:{fp}")).await?;
-        accept_in(tx, fp, n, registration_id, limits, now).await
+        accept_in(tx, fp, n, registration_id, false, limits, now).await
     })
 }
 
-async fn accept_in(
-    tx: &mut Tx,
+/// One recipient of `POST /v1/send` (push.md §6): the registration check (`Unknown` → `error`,
+/// `Dead` → `dead`) and then [`accept`], in the recipient's own transaction. Three round trips
+/// on Postgres: `BEGIN` with the scope, one read of everything the steps decide on, and the
+/// writes pipelined with `COMMIT`.
+pub async fn send_recipient(
+    db: &Db,
     fp: &str,
     n: &NewEvent<'_>,
     registration_id: &str,
     limits: &Limits,
     now: i64,
 ) -> Result<Accept, DbError> {
+    transaction!(db, "push_accept", |tx| {
+        tx.scope_lock(&format!("orca-push-events:{fp}")).await?;
+        accept_in(tx, fp, n, registration_id, true, limits, now).await
+    })
+}
+
+/// Every read the accept steps decide on, in one statement: the registration (`NULL` unknown,
+/// 0 live, 1 dead), the event's content fingerprint and deadline, the host's quota use for `K`
+/// (only when the event is new), whether the recipient exists, and whether a fence covers this
+/// alert (`$7` is `NULL` for a dismiss or an alert without an id: no fence applies).
+const ACCEPT_READ: &str = "SELECT \
+     (SELECT CASE WHEN v.dead_at IS NULL THEN 0 ELSE 1 END FROM push_devices v WHERE v.registration_id = $1 AND v.host_fingerprint = $2), \
+     (SELECT e.fingerprint FROM push_events e WHERE e.event_id = $3), \
+     (SELECT e.expires_at FROM push_events e WHERE e.event_id = $3), \
+     CASE WHEN EXISTS (SELECT 1 FROM push_events e WHERE e.event_id = $3) THEN 0 \
+       ELSE (SELECT COUNT(*) FROM push_events q WHERE q.host_fingerprint = $2 AND q.kind = $4 AND q.created_at > $5) END, \
+     CASE WHEN EXISTS (SELECT 1 FROM push_event_recipients r WHERE r.event_id = $3 AND r.registration_id = $1) THEN 1 ELSE 0 END, \
+     CASE WHEN EXISTS (SELECT 1 FROM push_dismissed_events f WHERE f.host_fingerprint = $2 AND f.notification_epoch = $6 \
+       AND f.notification_id = $7 AND f.notification_seq >= $8) THEN 1 ELSE 0 END";
+
+const INSERT_EVENT: &str = "INSERT INTO push_events (event_id, host_fingerprint, kind, fingerprint, created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6)";
+const INSERT_DELIVERY: &str = "INSERT INTO push_deliveries (delivery_id, host_fingerprint, registration_id, kind, notification_epoch, notification_id, notification_seq, payload_json, due_at, expires_at, lease_token, lease_until, attempts, created_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, 0, 0, $9)";
+const INSERT_RECIPIENT: &str =
+    "INSERT INTO push_event_recipients (event_id, registration_id, created_at) VALUES ($1, $2, $3)";
+/// Postgres: the delivery, the recipient and (`{event}`, when new) the event in one statement,
+/// parameters `$1..$10` as [`INSERT_DELIVERY`], `$11` event id, `$12` content fingerprint.
+const INSERT_ENQUEUE_PG: &str = "WITH {event}d AS (INSERT INTO push_deliveries (delivery_id, host_fingerprint, registration_id, kind, notification_epoch, notification_id, notification_seq, payload_json, due_at, expires_at, lease_token, lease_until, attempts, created_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, 0, 0, $9)) \
+     INSERT INTO push_event_recipients (event_id, registration_id, created_at) VALUES ($11, $3, $9)";
+const INSERT_ENQUEUE_PG_EVENT: &str = "e AS (INSERT INTO push_events (event_id, host_fingerprint, kind, fingerprint, created_at, expires_at) VALUES ($11, $2, $4, $12, $9, $10)), ";
+
+#[allow(clippy::too_many_arguments)]
+async fn accept_in(
+    tx: &mut Tx,
+    fp: &str,
+    n: &NewEvent<'_>,
+    registration_id: &str,
+    check_device: bool,
+    limits: &Limits,
+    now: i64,
+) -> Result<Accept, DbError> {
     let (kind, event_id, content, payload) = (n.kind, n.event_id, n.content, n.payload);
-    let existing = tx
+    let (seq, epoch) = (n.notification_seq, n.notification_epoch);
+    let fence_id = if kind == "alert" {
+        n.notification_id
+    } else {
+        None
+    };
+    let read = tx
         .query_opt(
-            "SELECT fingerprint, expires_at FROM push_events WHERE event_id = $1",
-            params![event_id],
+            ACCEPT_READ,
+            params![
+                registration_id,
+                fp,
+                event_id,
+                kind,
+                now - limits.event_quota_window_ms,
+                epoch,
+                fence_id,
+                seq
+            ],
         )
-        .await?;
-    let deadline = match &existing {
-        Some(row) => {
-            if row.str(0) != content {
-                return Ok(Accept::Error);
-            }
-            row.i64(1)
+        .await?
+        .unwrap_or_default();
+    if check_device {
+        if read.is_null(0) {
+            return Ok(Accept::Unknown);
         }
-        None => {
-            let cap = now + limits.notification_ttl_ms;
-            n.expires_at.map_or(cap, |e| e.min(cap))
+        if read.bool(0) {
+            return Ok(Accept::Dead);
         }
+    }
+    let exists = !read.is_null(1);
+    let deadline = if exists {
+        if read.str(1) != content {
+            return Ok(Accept::Error);
+        }
+        read.i64(2)
+    } else {
+        let cap = now + limits.notification_ttl_ms;
+        n.expires_at.map_or(cap, |e| e.min(cap))
     };
     if deadline <= now {
         return Ok(Accept::Error);
     }
-    if existing.is_none() {
-        let used = tx
-            .query_opt(
-                "SELECT COUNT(*) FROM push_events WHERE host_fingerprint = $1 AND kind = $2 AND created_at > $3",
-                params![fp, kind, now - limits.event_quota_window_ms],
+    if !exists && read.i64(3) >= limits.event_quota {
+        return Ok(Accept::RateLimited);
+    }
+    let (seen, fenced) = (read.bool(4), read.bool(5));
+    if seen || fenced {
+        // Replay or fenced alert: `queued`, no recipient, no delivery; a new event still counts.
+        if !exists {
+            tx.finish_with(
+                INSERT_EVENT,
+                params![event_id, fp, kind, content, now, deadline],
             )
-            .await?
-            .map(|r| r.i64(0))
-            .unwrap_or(0);
-        if used >= limits.event_quota {
-            return Ok(Accept::RateLimited);
+            .await?;
         }
+        return Ok(Accept::Queued);
+    }
+    if let (Some(id), "dismiss") = (n.notification_id, kind) {
         tx.execute(
-            "INSERT INTO push_events (event_id, host_fingerprint, kind, fingerprint, created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6)",
+            "INSERT INTO push_dismissed_events (host_fingerprint, notification_epoch, notification_id, notification_seq, created_at) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (host_fingerprint, notification_epoch, notification_id) DO UPDATE SET \
+             notification_seq = CASE WHEN excluded.notification_seq > push_dismissed_events.notification_seq THEN excluded.notification_seq ELSE push_dismissed_events.notification_seq END, \
+             created_at = excluded.created_at",
+            params![fp, epoch, id, seq, now],
+        )
+        .await?;
+        tx.execute(
+            "DELETE FROM push_deliveries WHERE registration_id = $1 AND kind = 'alert' AND notification_epoch = $2 AND notification_id = $3 AND notification_seq <= $4 AND lease_until <= $5",
+            params![registration_id, epoch, id, seq, now],
+        )
+        .await?;
+    }
+    let delivery_id = uuid::Uuid::new_v4().to_string();
+    let delivery = params![
+        delivery_id.as_str(),
+        fp,
+        registration_id,
+        kind,
+        epoch,
+        n.notification_id,
+        seq,
+        payload,
+        now,
+        deadline
+    ];
+    if tx.kind() == super::DbKind::Postgres {
+        let sql =
+            INSERT_ENQUEUE_PG.replace("{event}", if exists { "" } else { INSERT_ENQUEUE_PG_EVENT });
+        let mut p = delivery.to_vec();
+        p.push(Value::from(event_id));
+        if !exists {
+            p.push(Value::from(content));
+        }
+        tx.finish_with(&sql, &p).await?;
+        return Ok(Accept::Enqueued);
+    }
+    if !exists {
+        tx.execute(
+            INSERT_EVENT,
             params![event_id, fp, kind, content, now, deadline],
         )
         .await?;
     }
-    let seen = tx
-        .query_opt(
-            "SELECT 1 FROM push_event_recipients WHERE event_id = $1 AND registration_id = $2",
-            params![event_id, registration_id],
-        )
+    tx.execute(INSERT_DELIVERY, delivery).await?;
+    tx.finish_with(INSERT_RECIPIENT, params![event_id, registration_id, now])
         .await?;
-    if seen.is_some() {
-        return Ok(Accept::Queued);
-    }
-    let seq = n.notification_seq;
-    let epoch = n.notification_epoch;
-    if let Some(id) = n.notification_id {
-        if kind == "alert" {
-            let fenced = tx
-                .query_opt(
-                    "SELECT 1 FROM push_dismissed_events WHERE host_fingerprint = $1 AND notification_epoch = $2 AND notification_id = $3 AND notification_seq >= $4",
-                    params![fp, epoch, id, seq],
-                )
-                .await?;
-            if fenced.is_some() {
-                return Ok(Accept::Queued);
-            }
-        } else {
-            tx.execute(
-                "INSERT INTO push_dismissed_events (host_fingerprint, notification_epoch, notification_id, notification_seq, created_at) VALUES ($1, $2, $3, $4, $5) \
-                 ON CONFLICT (host_fingerprint, notification_epoch, notification_id) DO UPDATE SET \
-                 notification_seq = CASE WHEN excluded.notification_seq > push_dismissed_events.notification_seq THEN excluded.notification_seq ELSE push_dismissed_events.notification_seq END, \
-                 created_at = excluded.created_at",
-                params![fp, epoch, id, seq, now],
-            )
-            .await?;
-            tx.execute(
-                "DELETE FROM push_deliveries WHERE registration_id = $1 AND kind = 'alert' AND notification_epoch = $2 AND notification_id = $3 AND notification_seq <= $4 AND lease_until <= $5",
-                params![registration_id, epoch, id, seq, now],
-            )
-            .await?;
-        }
-    }
-    tx.execute(
-        "INSERT INTO push_deliveries (delivery_id, host_fingerprint, registration_id, kind, notification_epoch, notification_id, notification_seq, payload_json, due_at, expires_at, lease_token, lease_until, attempts, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, NULL, 0, 0, $9)",
-        params![
-            uuid::Uuid::new_v4().to_string(),
-            fp,
-            registration_id,
-            kind,
-            epoch,
-            n.notification_id,
-            seq,
-            payload,
-            now,
-            deadline
-        ],
-    )
-    .await?;
-    tx.execute(
-        "INSERT INTO push_event_recipients (event_id, registration_id, created_at) VALUES ($1, $2, $3)",
-        params![event_id, registration_id, now],
-    )
-    .await?;
     Ok(Accept::Enqueued)
 }
 
@@ -460,11 +503,47 @@ fn placeholders(first: usize, n: usize) -> String {
         .join(", ")
 }
 
+/// The length an `IN` list of `n` values is padded to: `n` up to 4, else the next power of two.
+/// A batch statement then comes in a few shapes, each prepared once per connection, instead of
+/// one shape (and one prepare round trip) per batch size.
+fn padded(n: usize) -> usize {
+    if n <= 4 {
+        n
+    } else {
+        n.next_power_of_two()
+    }
+}
+
+/// Appends `values` to `p`, padded to [`padded`] length by repeating the last one (a repeated
+/// value in an `IN` list changes nothing), and returns their placeholders.
+fn push_in_list(p: &mut Vec<Value>, values: Vec<Value>) -> String {
+    let first = p.len() + 1;
+    let n = padded(values.len());
+    let last = values.last().cloned().unwrap_or(Value::Null);
+    p.extend(values);
+    p.resize(first - 1 + n, last);
+    placeholders(first, n)
+}
+
 /// "No unexpired row of the same registration sorts before `{t}`" (the head rule of push.md §7).
 const IS_HEAD: &str = "NOT EXISTS (SELECT 1 FROM push_deliveries e WHERE e.registration_id = {t}.registration_id AND e.expires_at > $1 \
      AND (e.due_at, e.created_at, e.delivery_id) < ({t}.due_at, {t}.created_at, {t}.delivery_id))";
 /// "No row of the same registration holds a live lease."
 const NO_LIVE_LEASE: &str = "NOT EXISTS (SELECT 1 FROM push_deliveries o WHERE o.registration_id = {t}.registration_id AND o.lease_until > $1)";
+
+/// Appended to the `RETURNING` list of the worker's writes (lease, finish) on Postgres: turns off
+/// `synchronous_commit` for that transaction only, so its `COMMIT` does not wait for the WAL
+/// flush. At-least-once holds: a claim or finish lost in a database crash leaves the row pending
+/// (unleased, or leased until its lease lapses) and it is sent again; a later durable commit
+/// flushes the earlier WAL, so nothing durable can depend on a lost one. Accepts stay
+/// synchronous (a `queued` answer means committed). Evaluated per written row: a transaction
+/// that wrote nothing has nothing to flush.
+fn async_commit(tx: &Tx) -> &'static str {
+    match tx.kind() {
+        super::DbKind::Postgres => ", set_config('synchronous_commit', 'off', true)",
+        super::DbKind::Sqlite => "",
+    }
+}
 
 /// Claims up to `max` due deliveries in one transaction (push.md §7, batched): each candidate is
 /// the head of its registration (earliest unexpired row in due order), due, unleased, and its
@@ -515,20 +594,26 @@ async fn claim_batch_in(
     let (fenced, live): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r.bool(2));
     if !fenced.is_empty() {
         let mut p: Vec<Value> = vec![Value::Int(now)];
-        p.extend(fenced.iter().map(|r| Value::Text(r.str(0))));
+        let list = push_in_list(
+            &mut p,
+            fenced.iter().map(|r| Value::Text(r.str(0))).collect(),
+        );
         let sql = format!(
-            "DELETE FROM push_deliveries WHERE lease_until <= $1 AND delivery_id IN ({})",
-            placeholders(2, fenced.len())
+            "DELETE FROM push_deliveries WHERE lease_until <= $1 AND delivery_id IN ({list})"
         );
         batch.fenced = tx.execute(&sql, &p).await? as usize;
     }
     if live.is_empty() {
         return Ok(batch);
     }
-    let scopes: Vec<String> = live
+    let mut scopes: Vec<String> = live
         .iter()
         .map(|r| format!("orca-push-device:{}", r.str(1)))
         .collect();
+    // Padded like the `IN` lists: trying a scope this transaction already holds succeeds again
+    // and changes nothing; only the first answers are read.
+    let last = scopes.last().cloned().unwrap_or_default();
+    scopes.resize(padded(live.len()), last);
     let locked = tx.try_scope_locks(&scopes).await?;
     let ids: Vec<String> = live
         .iter()
@@ -546,23 +631,29 @@ async fn claim_batch_in(
         Value::Text(lease_token.clone()),
         Value::Int(now + limits.lease_ms),
     ];
-    p.extend(ids.iter().map(|id| Value::Text(id.clone())));
+    let list = push_in_list(
+        &mut p,
+        ids.iter().map(|id| Value::Text(id.clone())).collect(),
+    );
     let lease_sql = format!(
         "UPDATE push_deliveries SET lease_token = $2, lease_until = $3, attempts = attempts + 1 \
-         WHERE delivery_id IN ({}) AND lease_until <= $1 AND expires_at > $1 AND due_at <= $1 AND {} AND {} \
-         RETURNING delivery_id, host_fingerprint, registration_id, payload_json, expires_at, attempts",
-        placeholders(4, ids.len()),
+         WHERE delivery_id IN ({list}) AND lease_until <= $1 AND expires_at > $1 AND due_at <= $1 AND {} AND {} \
+         RETURNING delivery_id, host_fingerprint, registration_id, payload_json, expires_at, attempts{}",
         NO_LIVE_LEASE.replace("{t}", "push_deliveries"),
         IS_HEAD.replace("{t}", "push_deliveries"),
+        async_commit(tx),
     );
     let leased = tx.query(&lease_sql, &p).await?;
     if leased.is_empty() {
         return Ok(batch);
     }
-    let regs: Vec<Value> = leased.iter().map(|r| Value::Text(r.str(2))).collect();
+    let mut regs: Vec<Value> = Vec::with_capacity(padded(leased.len()));
+    let list = push_in_list(
+        &mut regs,
+        leased.iter().map(|r| Value::Text(r.str(2))).collect(),
+    );
     let devices_sql = format!(
-        "SELECT registration_id, platform, token, apns_environment, dead_at FROM push_devices WHERE registration_id IN ({})",
-        placeholders(1, regs.len())
+        "SELECT registration_id, platform, token, apns_environment, dead_at FROM push_devices WHERE registration_id IN ({list})"
     );
     let devices = tx.finish_with(&devices_sql, &regs).await?;
     let target = |reg: &str| {
@@ -638,9 +729,13 @@ pub async fn finish_batch(db: &Db, items: &[(&Claimed, Finish)]) -> Result<Vec<b
         let mut done = Vec::new();
         let mut statements: Vec<(String, Vec<Value>)> = Vec::new();
         if !deletes.is_empty() {
-            let (cond, p) = lease_match(&deletes, 1);
+            let mut p = Vec::new();
+            let cond = lease_match(&deletes, &mut p);
             statements.push((
-                format!("DELETE FROM push_deliveries WHERE {cond} RETURNING delivery_id"),
+                format!(
+                    "DELETE FROM push_deliveries WHERE {cond} RETURNING delivery_id{}",
+                    async_commit(tx)
+                ),
                 p,
             ));
         }
@@ -658,10 +753,9 @@ pub async fn finish_batch(db: &Db, items: &[(&Claimed, Finish)]) -> Result<Vec<b
             }
             case.push_str(" END");
             let owned: Vec<&Claimed> = retries.iter().map(|(c, _)| *c).collect();
-            let (cond, more) = lease_match(&owned, p.len() + 1);
-            p.extend(more);
+            let cond = lease_match(&owned, &mut p);
             statements.push((
-                format!("UPDATE push_deliveries SET due_at = {case}, lease_until = 0, lease_token = NULL WHERE {cond} RETURNING delivery_id"),
+                format!("UPDATE push_deliveries SET due_at = {case}, lease_until = 0, lease_token = NULL WHERE {cond} RETURNING delivery_id{}", async_commit(tx)),
                 p,
             ));
         }
@@ -676,23 +770,36 @@ pub async fn finish_batch(db: &Db, items: &[(&Claimed, Finish)]) -> Result<Vec<b
         }
         Ok::<_, DbError>(done)
     })?;
+    let done: std::collections::HashSet<String> = done.into_iter().collect();
     Ok(items
         .iter()
         .map(|(c, _)| done.contains(&c.delivery_id))
         .collect())
 }
 
-/// `(delivery_id = $i AND lease_token = $i+1) OR …` for `cs`, parameters from `$first`.
-fn lease_match(cs: &[&Claimed], first: usize) -> (String, Vec<Value>) {
-    let mut p = Vec::with_capacity(cs.len() * 2);
-    let mut cond = Vec::with_capacity(cs.len());
+/// `(lease_token = $t AND delivery_id IN (…)) OR …` for `cs`, one group per lease token (a
+/// claim leases its whole batch under one token, so a finish batch has a few), parameters
+/// appended to `p`.
+fn lease_match(cs: &[&Claimed], p: &mut Vec<Value>) -> String {
+    let mut tokens: Vec<&str> = Vec::new();
     for c in cs {
-        let i = first + p.len();
-        cond.push(format!("(delivery_id = ${i} AND lease_token = ${})", i + 1));
-        p.push(Value::Text(c.delivery_id.clone()));
-        p.push(Value::Text(c.lease_token.clone()));
+        if !tokens.contains(&c.lease_token.as_str()) {
+            tokens.push(&c.lease_token);
+        }
     }
-    (cond.join(" OR "), p)
+    let mut groups = Vec::with_capacity(tokens.len());
+    for token in tokens {
+        p.push(Value::Text(token.to_string()));
+        let t = p.len();
+        let ids = cs
+            .iter()
+            .filter(|c| c.lease_token == token)
+            .map(|c| Value::Text(c.delivery_id.clone()))
+            .collect();
+        let list = push_in_list(p, ids);
+        groups.push(format!("(lease_token = ${t} AND delivery_id IN ({list}))"));
+    }
+    groups.join(" OR ")
 }
 
 /// Deletes the delivery if this worker still holds its lease.

@@ -1,0 +1,3 @@
+-- Postgres sets a fill factor on push_deliveries in this step (storage only, see
+-- sql/postgres/0004_push_fillfactor.sql). SQLite has no such setting: nothing to do here; the step
+-- exists so both backends record the same versions.
