@@ -281,10 +281,7 @@ pub async fn accept(
     limits: &Limits,
     now: i64,
 ) -> Result<Accept, DbError> {
-    transaction!(db, "push_accept", |tx| {
-        tx.scope_lock(&format!("orca-push-events:{fp}")).await?;
-        accept_in(tx, fp, n, registration_id, false, limits, now).await
-    })
+    accept_tx(db, fp, n, registration_id, false, limits, now).await
 }
 
 /// One recipient of `POST /v1/send` (push.md §6): the registration check (`Unknown` → `error`,
@@ -299,9 +296,23 @@ pub async fn send_recipient(
     limits: &Limits,
     now: i64,
 ) -> Result<Accept, DbError> {
+    accept_tx(db, fp, n, registration_id, true, limits, now).await
+}
+
+/// The recipient's own transaction under scope `orca-push-events:<fp>`; `check_device`
+/// as in [`accept_in`].
+async fn accept_tx(
+    db: &Db,
+    fp: &str,
+    n: &NewEvent<'_>,
+    registration_id: &str,
+    check_device: bool,
+    limits: &Limits,
+    now: i64,
+) -> Result<Accept, DbError> {
     transaction!(db, "push_accept", |tx| {
         tx.scope_lock(&format!("orca-push-events:{fp}")).await?;
-        accept_in(tx, fp, n, registration_id, true, limits, now).await
+        accept_in(tx, fp, n, registration_id, check_device, limits, now).await
     })
 }
 
