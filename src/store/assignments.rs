@@ -565,16 +565,21 @@ pub async fn delete_lease(
     lease: &Lease,
     now: i64,
 ) -> Result<(), DbError> {
-    let n = tx
-        .execute(
-            "DELETE FROM relay_assignment_activity_leases WHERE user_id = $1 AND relay_host_id = $2 AND activity_id = $3",
-            params![&host.user_id, &host.relay_host_id, &lease.activity_id],
-        )
-        .await?;
-    if n > 0 {
+    if delete_lease_row(tx, host, &lease.activity_id).await? {
         free_cell(tx, &lease.cell_id, lease.request_units, now).await?;
     }
     Ok(())
+}
+
+/// Deletes one lease row; true when it was there (its units are then the caller's to free).
+async fn delete_lease_row(tx: &mut Tx, host: &HostKey, activity_id: &str) -> Result<bool, DbError> {
+    let n = tx
+        .execute(
+            "DELETE FROM relay_assignment_activity_leases WHERE user_id = $1 AND relay_host_id = $2 AND activity_id = $3",
+            params![&host.user_id, &host.relay_host_id, activity_id],
+        )
+        .await?;
+    Ok(n > 0)
 }
 
 /// Sets one lease's expiry.
@@ -1046,13 +1051,7 @@ pub async fn release_activities(
             }
             let leases = lock_leases(tx, host).await?;
             if let Some(l) = leases.iter().find(|l| &l.activity_id == activity_id) {
-                let n = tx
-                    .execute(
-                        "DELETE FROM relay_assignment_activity_leases WHERE user_id = $1 AND relay_host_id = $2 AND activity_id = $3",
-                        params![&host.user_id, &host.relay_host_id, &l.activity_id],
-                    )
-                    .await?;
-                if n > 0 {
+                if delete_lease_row(tx, host, &l.activity_id).await? {
                     *freed.entry(l.cell_id.clone()).or_default() += l.request_units;
                 }
                 refresh_row(tx, host, Some(now), now).await?;
