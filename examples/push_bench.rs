@@ -194,6 +194,8 @@ async fn bench(backend: &str, t: &TestDb, a: &Args) -> serde_json::Value {
     let wire0 = db.wire_stats();
     let cpu0 = cpu.sample(&t.db).await;
     let (tx, rx) = tokio::sync::oneshot::channel();
+    // The sender thread stays until its CPU was sampled (an ended thread leaves /proc).
+    let (sampled, sampled_rx) = std::sync::mpsc::channel::<()>();
     let (base, duration, n_senders) = (s.base.clone(), a.duration, a.senders);
     let hosts_for_senders = hosts_ready.clone();
     std::thread::Builder::new()
@@ -205,10 +207,12 @@ async fn bench(backend: &str, t: &TestDb, a: &Args) -> serde_json::Value {
                 .unwrap();
             let r = rt.block_on(send_for(base, hosts_for_senders, n_senders, duration));
             let _ = tx.send(r);
+            let _ = sampled_rx.recv();
         })
         .unwrap();
     let (queued, refused, started, send_end) = rx.await.unwrap();
     let cpu_send = cpu.sample(&t.db).await;
+    let _ = sampled.send(());
     let wire_send = db.wire_stats();
     let send_s = (send_end - started).as_secs_f64();
     let seen_at_end = apns.fake.seen_count();
