@@ -19,7 +19,9 @@
 //! deliveries / (first send → last provider request); `backlogAtSendEnd` = queued but not yet
 //! delivered when the senders stopped, and `drainPerSecond` = that backlog / (send end → last
 //! provider request): the worker's rate with work waiting. Deliveries to one registration are
-//! strictly sequential (one in flight per registration).
+//! strictly sequential (one in flight per registration). `notQueued` counts the other answers by
+//! what they were: a result's `status` (`rate_limited`, `error`...), or `http <status>` for a
+//! refused request (all its recipients; e.g. 503 when the pool or admission sheds load).
 //!
 //! Then the `backlog` phase: the server stops, `backlog` alerts per registration are queued
 //! through the same accept transaction the send route runs (directly on the database), and a fresh
@@ -39,6 +41,7 @@
 #[path = "../tests/support/push/mod.rs"]
 mod support;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -312,13 +315,14 @@ async fn bench(backend: &str, t: &TestDb, a: &Args) -> serde_json::Value {
 type BenchHost = (String, String, Vec<String>, String);
 
 /// `senders` tasks sending for `duration` (on the `bench-send` thread's own runtime and HTTP
-/// client): queued and other results, and the window.
+/// client): queued results, the others by what they were (`http <status>` for a refused request,
+/// whose recipients all count, or the result's `status`), and the window.
 async fn send_for(
     base: String,
     h: Arc<Vec<BenchHost>>,
     senders: usize,
     duration: Duration,
-) -> (usize, usize, Instant, Instant) {
+) -> (usize, BTreeMap<String, usize>, Instant, Instant) {
     let client = Arc::new(SendClient {
         base,
         client: reqwest::Client::new(),
@@ -330,20 +334,22 @@ async fn send_for(
     for _ in 0..senders {
         let (c, h, next, stop) = (client.clone(), h.clone(), next.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
-            let (mut queued, mut other) = (0usize, 0usize);
+            let (mut queued, mut other) = (0usize, BTreeMap::<String, usize>::new());
             while !stop.load(Ordering::Relaxed) {
                 let k = next.fetch_add(1, Ordering::Relaxed);
                 let (xff, tok, ids, _) = &h[k % h.len()];
                 let body = json!({"v":1,"registrationIds":ids,"notification":bench_alert(k)});
-                let Some(v) = c.send(xff, tok, body.to_string()).await else {
-                    other += ids.len();
-                    continue;
+                let v = match c.send(xff, tok, body.to_string()).await {
+                    Ok(v) => v,
+                    Err(status) => {
+                        *other.entry(format!("http {status}")).or_default() += ids.len();
+                        continue;
+                    }
                 };
                 for r in v["results"].as_array().into_iter().flatten() {
-                    if r["status"] == "queued" {
-                        queued += 1;
-                    } else {
-                        other += 1;
+                    match r["status"].as_str() {
+                        Some("queued") => queued += 1,
+                        s => *other.entry(s.unwrap_or("?").to_string()).or_default() += 1,
                     }
                 }
             }
@@ -352,11 +358,13 @@ async fn send_for(
     }
     tokio::time::sleep(duration).await;
     stop.store(true, Ordering::Relaxed);
-    let (mut queued, mut refused) = (0, 0);
+    let (mut queued, mut refused) = (0, BTreeMap::<String, usize>::new());
     for t in tasks {
         let (q, o) = t.await.unwrap();
         queued += q;
-        refused += o;
+        for (k, n) in o {
+            *refused.entry(k).or_default() += n;
+        }
     }
     (queued, refused, started, Instant::now())
 }
@@ -367,8 +375,9 @@ struct SendClient {
 }
 
 impl SendClient {
-    /// `POST /v1/send` as the host behind `xff`; the answer when it is a 200.
-    async fn send(&self, xff: &str, tok: &str, body: String) -> Option<serde_json::Value> {
+    /// `POST /v1/send` as the host behind `xff`: the answer of a 200, else the status (an
+    /// unreadable 200 body as 0).
+    async fn send(&self, xff: &str, tok: &str, body: String) -> Result<serde_json::Value, u16> {
         let resp = self
             .client
             .post(format!("{}/v1/send", self.base))
@@ -379,9 +388,9 @@ impl SendClient {
             .await
             .expect("request");
         if resp.status() != 200 {
-            return None;
+            return Err(resp.status().as_u16());
         }
-        serde_json::from_str(&resp.text().await.unwrap_or_default()).ok()
+        serde_json::from_str(&resp.text().await.unwrap_or_default()).map_err(|_| 0)
     }
 }
 
