@@ -88,6 +88,80 @@ fn bin() -> PathBuf {
     p
 }
 
+/// The value of `key=<n>` in a log line.
+fn field(line: &str, key: &str) -> Option<u64> {
+    let pat = format!(" {key}=");
+    let at = line.find(&pat)? + pat.len();
+    line[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Where the draining cells' release batches and late releases spent their time: p50 / p99 / max
+/// of each phase the cells log (`src/cell/release.rs`).
+fn release_phases(lines: &[String]) {
+    const PHASES: [&str; 8] = [
+        "queue_ms",
+        "begin_ms",
+        "retried_ms",
+        "rows_ms",
+        "cells_ms",
+        "commit_ms",
+        "total_ms",
+        "waited_ms",
+    ];
+    for (what, label) in [
+        (
+            "activity release batch",
+            "release batches on draining cells",
+        ),
+        ("activity release late", "releases landed > 1 s after asked"),
+    ] {
+        let hits: Vec<&String> = lines.iter().filter(|l| l.contains(what)).collect();
+        let mut parts = Vec::new();
+        for key in PHASES {
+            let mut v: Vec<Duration> = hits
+                .iter()
+                .filter_map(|l| field(l, key))
+                .map(Duration::from_millis)
+                .collect();
+            if v.is_empty() {
+                continue;
+            }
+            v.sort();
+            parts.push(format!(
+                "{key} {}/{}/{}",
+                quantile(&v, 0.5).as_millis(),
+                quantile(&v, 0.99).as_millis(),
+                v.last().unwrap().as_millis()
+            ));
+        }
+        let retried = hits
+            .iter()
+            .filter(|l| field(l, "attempts").is_some_and(|a| a > 1))
+            .count();
+        let paths: BTreeMap<&str, usize> = hits.iter().fold(BTreeMap::new(), |mut m, l| {
+            if let Some(at) = l.find(" path=") {
+                let p = l[at + 6..].split(' ').next().unwrap_or("");
+                *m.entry(p).or_default() += 1;
+            }
+            m
+        });
+        println!(
+            "roll_bench: {label}: {} ({retried} with > 1 attempt{}), p50/p99/max ms: {}",
+            hits.len(),
+            if paths.is_empty() {
+                String::new()
+            } else {
+                format!(", paths {paths:?}")
+            },
+            parts.join(", ")
+        );
+    }
+}
+
 /// Raises the open-file soft limit to the hard limit (1 000 hosts need a few thousand sockets);
 /// the spawned processes inherit it.
 fn raise_nofile() -> u64 {
@@ -152,12 +226,17 @@ async fn main() {
     let stop = Arc::new(AtomicBool::new(false));
     let mut stats = Vec::new();
     let mut by_id = roll_sampler::Hosts::new();
+    let mut by_digest = BTreeMap::new();
     let mut tasks = Vec::new();
     for i in 0..a.hosts {
         let s = Arc::new(Mutex::new(HostStats::default()));
         stats.push(s.clone());
         let host = HostIdentity::generate(&format!("roll-user-{i:04}"));
         by_id.insert(host.relay_host_id.clone(), s.clone());
+        by_digest.insert(
+            orca_relay::logging::digest(&host.relay_host_id),
+            (i, s.clone()),
+        );
         // Each host's own director first (the desktop's configured one), the others after a failure.
         let mut ds = fleet.directors.clone();
         let n = ds.len();
@@ -320,11 +399,26 @@ async fn main() {
         let host = v.split(':').next().unwrap_or_default();
         per_host.entry(host).or_insert((0, v.as_str())).0 += 1;
     }
-    for (n, first) in per_host.values().take(20) {
-        println!("  {n} samples, first: {first}");
-    }
-    // What the processes logged about releases and renewals that did not land.
     let lines = fleet.all_lines();
+    for (host, (n, first)) in per_host.iter().take(20) {
+        println!("  {n} samples, first: {first}");
+        // Where that host's late releases waited (the cells log a release landing > 1 s after it
+        // was asked for), with when the host left each cell (wall ms).
+        let digest = host.trim_start_matches("host ");
+        if let Some((_, s)) = by_digest.get(digest) {
+            let left = s.lock().unwrap().left.clone();
+            println!("    host left (wall ms): {left:?}");
+        }
+        for l in lines
+            .iter()
+            .filter(|l| l.contains("activity release late") && l.contains(digest))
+        {
+            let at = l.find("host=").unwrap_or(0);
+            println!("    {}", &l[at..]);
+        }
+    }
+    release_phases(&lines);
+    // What the processes logged about releases and renewals that did not land.
     for what in [
         "activity release failed",
         "activity release landed",

@@ -251,3 +251,108 @@ async fn a_release_that_misses_its_deadline_on_a_draining_cell_still_lands() {
         s.running.shutdown().await;
     }
 }
+
+/// A drained host's release whose assignment row is locked elsewhere (a director moving the
+/// host, its activation on the next cell) is tried again with the following batches and never
+/// waits for the row: a waiting release held one of the cell's pool connections for up to three
+/// 1 s lock waits, and a drain's hosts all race their directors for their rows, so the pool filled
+/// with waiters and the cell's other releases (hosts that had already left) stalled for seconds
+/// (issue 12's roll benchmark). Here, while one host's row stays locked, no backend of the cell
+/// waits for it, another host's release lands, and the locked one lands once the row is free.
+/// Postgres only (SQLite takes no row locks).
+#[tokio::test]
+async fn a_release_whose_row_is_locked_elsewhere_does_not_wait_for_it() {
+    for t in dbs().await {
+        if !t.url.starts_with("postgres") {
+            continue;
+        }
+        let s = start_on(&t.url, &[]).await;
+        let cell = s.running.cell.clone().expect("cell role");
+        let busy = Host::assigned(&s, "row-busy").await;
+        let other = Host::assigned(&s, "row-free").await;
+        let mut cb = busy.connect(&s).await;
+        let mut co = other.connect(&s).await;
+        drain(&s, 60_000).await;
+        assert_eq!(cb.recv(SEC * 10).await.unwrap()["type"], "drain");
+        assert_eq!(co.recv(SEC * 10).await.unwrap()["type"], "drain");
+        let key = busy.key();
+        let lock = row_lock::lock_assignment(&t.url, &key.user_id, &key.relay_host_id).await;
+        let before = cell.releaser.row_busy_retries();
+        cb.ws.close(None).await.unwrap();
+        // Skipped by a few batches in turn, not waited for.
+        let retried = || cell.releaser.row_busy_retries() >= before + 3;
+        assert!(real_eventually(SEC * 10, retried).await, "retried");
+        co.ws.close(None).await.unwrap();
+        let released = || async { controls(&t.db, &other).await == (vec![], 0) };
+        assert!(
+            eventually_async(SEC * 10, released).await,
+            "the other host's release lands while the row is locked: {:?}",
+            controls(&t.db, &other).await
+        );
+        let retried = || cell.releaser.row_busy_retries() >= before + 6;
+        assert!(real_eventually(SEC * 10, retried).await, "still retried");
+        assert_eq!(lock.waiters().await, 0, "nothing waits for the locked row");
+        assert_eq!(controls(&t.db, &busy).await.0.len(), 1, "not released yet");
+        lock.release().await;
+        let released = || async { controls(&t.db, &busy).await == (vec![], 0) };
+        assert!(
+            eventually_async(SEC * 10, released).await,
+            "released once the row is free: {:?}",
+            controls(&t.db, &busy).await
+        );
+        s.running.shutdown().await;
+    }
+}
+
+/// A release commits without waiting for the WAL flush on Postgres (`synchronous_commit` off for
+/// its transaction, as the server reports inside it): under I/O pressure a synchronous `COMMIT`
+/// waited seconds, and the lease it deletes stayed visible to everyone until then. Both the
+/// batched and the lone release; SQLite has no such setting.
+#[tokio::test]
+async fn releases_commit_without_waiting_for_the_wal_flush() {
+    use orca_relay::store::assignments::{self as store, ReleaseTrace};
+    for t in dbs().await {
+        let s = start_on(&t.url, &[]).await;
+        let expected = if t.url.starts_with("postgres") {
+            "off"
+        } else {
+            ""
+        };
+        let hosts = [
+            Host::assigned(&s, "async-batch").await,
+            Host::assigned(&s, "async-alone").await,
+        ];
+        let mut controls_open = Vec::new();
+        for h in &hosts {
+            controls_open.push(h.connect(&s).await);
+        }
+        let ids: Vec<String> = {
+            let mut v = Vec::new();
+            for h in &hosts {
+                let (leases, _) = controls(&t.db, h).await;
+                assert_eq!(leases.len(), 1);
+                v.push(leases[0].clone());
+            }
+            v
+        };
+        let now = orca_relay::clock::now_ms();
+        let mut trace = ReleaseTrace::default();
+        let done =
+            store::release_activities(&t.db, &[(hosts[0].key(), ids[0].clone())], now, &mut trace)
+                .await
+                .unwrap();
+        assert_eq!(done, vec![true]);
+        assert_eq!(trace.synchronous_commit, expected, "batched release");
+        assert_eq!(trace.attempts, 1);
+        let mut trace = ReleaseTrace::default();
+        store::release_activity_traced(&t.db, &hosts[1].key(), &ids[1], now, &mut trace)
+            .await
+            .unwrap();
+        assert_eq!(trace.synchronous_commit, expected, "lone release");
+        for h in &hosts {
+            assert_eq!(controls(&t.db, h).await, (vec![], 0), "released");
+        }
+        drop(controls_open);
+        s.running.shutdown().await;
+    }
+}

@@ -980,20 +980,126 @@ pub async fn release_activity(
     activity_id: &str,
     now: i64,
 ) -> Result<(), DbError> {
-    transaction!(db, "activity-lease", |tx| {
+    release_activity_traced(db, host, activity_id, now, &mut ReleaseTrace::default()).await
+}
+
+/// Where a release transaction spent its time (issue 12: a drained cell's releases stayed in
+/// flight for seconds and nobody knew where). Filled by the release calls, logged by the cell.
+#[derive(Debug, Default, Clone)]
+pub struct ReleaseTrace {
+    /// Attempts of the transaction (a lock timeout or serialization failure retries it).
+    pub attempts: u32,
+    /// Call → first statement of the first attempt: the pool checkout and `BEGIN`.
+    pub begin: std::time::Duration,
+    /// First attempt's first statement → last attempt's first statement: failed attempts.
+    pub retried: std::time::Duration,
+    /// The last attempt's assignment-row and lease locks (waits on rows held elsewhere).
+    pub rows: std::time::Duration,
+    /// The last attempt's `relay_cells` update (waits on the cell's row).
+    pub cells: std::time::Duration,
+    /// The last attempt's end of body → the call's end: the commit.
+    pub commit: std::time::Duration,
+    /// Items skipped because their assignment row was locked elsewhere.
+    pub skipped: usize,
+    /// The server's `synchronous_commit` for the last attempt (`off` on Postgres: the commit
+    /// did not wait for the WAL flush; empty on SQLite).
+    pub synchronous_commit: String,
+}
+
+/// Turns off `synchronous_commit` for a release transaction on Postgres and returns the value the
+/// server now holds for it. Under I/O pressure (the roll benchmark's shared machine) a `COMMIT`
+/// waited seconds for the WAL flush, and the deleted lease stayed visible to every other
+/// transaction until then, next to the control the host had already activated on another cell.
+/// Without the wait the delete is visible once committed. A release lost in a database crash
+/// leaves the lease (and its units, same transaction) as if it had not landed: it expires with
+/// the lease (≤ [`limits::CONTROL_ACTIVITY_EXPIRY_MAX_MS`]); a later durable commit flushes the
+/// earlier WAL, so nothing durable can depend on a lost release.
+async fn release_commit_async(tx: &mut Tx) -> Result<String, DbError> {
+    match tx.kind() {
+        super::DbKind::Postgres => {
+            let rows = tx
+                .query("SELECT set_config('synchronous_commit', 'off', true)", &[])
+                .await?;
+            Ok(rows.first().map(|r| r.str(0)).unwrap_or_default())
+        }
+        super::DbKind::Sqlite => Ok(String::new()),
+    }
+}
+
+/// Times one transaction's phases into a [`ReleaseTrace`].
+struct Phases {
+    called: std::time::Instant,
+    first: Option<std::time::Instant>,
+    at: std::time::Instant,
+}
+
+impl Phases {
+    fn new() -> Phases {
+        let now = std::time::Instant::now();
+        Phases {
+            called: now,
+            first: None,
+            at: now,
+        }
+    }
+
+    /// An attempt's first statement is about to run.
+    fn attempt(&mut self, t: &mut ReleaseTrace) {
+        let now = std::time::Instant::now();
+        t.attempts += 1;
+        match self.first {
+            None => {
+                self.first = Some(now);
+                t.begin = now - self.called;
+            }
+            Some(first) => t.retried = now - first,
+        }
+        self.at = now;
+    }
+
+    /// Time since the last mark.
+    fn lap(&mut self) -> std::time::Duration {
+        let now = std::time::Instant::now();
+        let d = now - self.at;
+        self.at = now;
+        d
+    }
+}
+
+/// [`release_activity`], timed into `trace`.
+pub async fn release_activity_traced(
+    db: &Db,
+    host: &HostKey,
+    activity_id: &str,
+    now: i64,
+    trace: &mut ReleaseTrace,
+) -> Result<(), DbError> {
+    let mut ph = Phases::new();
+    let out = transaction!(db, "activity-lease", |tx| {
+        ph.attempt(trace);
+        trace.synchronous_commit = release_commit_async(tx).await?;
         if lock_row(tx, host, Some(CELL_DRIVEN_WAIT_MS))
             .await?
             .is_none()
         {
+            trace.rows = ph.lap();
             return Ok(());
         }
         let leases = lock_leases(tx, host).await?;
+        trace.rows = ph.lap();
         if let Some(l) = leases.iter().find(|l| l.activity_id == activity_id) {
-            delete_lease(tx, host, l, now).await?;
+            if delete_lease_row(tx, host, &l.activity_id).await? {
+                ph.lap();
+                free_cell(tx, &l.cell_id, l.request_units, now).await?;
+                trace.cells = ph.lap();
+            }
             refresh_row(tx, host, Some(now), now).await?;
         }
+        ph.lap();
         Ok::<_, DbError>(())
-    })
+    });
+    trace.commit = ph.lap();
+    out
 }
 
 /// Releases several activities in one transaction (a cell's batched releases): assignment rows
@@ -1006,13 +1112,17 @@ pub async fn release_activities(
     db: &Db,
     items: &[(HostKey, String)],
     now: i64,
+    trace: &mut ReleaseTrace,
 ) -> Result<Vec<bool>, DbError> {
     let mut order: Vec<usize> = (0..items.len()).collect();
     order.sort_by(|a, b| {
         let (x, y) = (&items[*a].0, &items[*b].0);
         (&x.user_id, &x.relay_host_id).cmp(&(&y.user_id, &y.relay_host_id))
     });
-    transaction!(db, "activity-lease", |tx| {
+    let mut ph = Phases::new();
+    let out = transaction!(db, "activity-lease", |tx| {
+        ph.attempt(trace);
+        trace.synchronous_commit = release_commit_async(tx).await?;
         let mut done = vec![false; items.len()];
         let mut freed: std::collections::BTreeMap<String, i64> = Default::default();
         let mut locked: Option<(&HostKey, bool)> = None;
@@ -1058,11 +1168,16 @@ pub async fn release_activities(
             }
             done[i] = true;
         }
+        trace.rows = ph.lap();
         for (cell, units) in &freed {
             free_cell(tx, cell, *units, now).await?;
         }
+        trace.cells = ph.lap();
+        trace.skipped = done.iter().filter(|d| !**d).count();
         Ok::<_, DbError>(done)
-    })
+    });
+    trace.commit = ph.lap();
+    out
 }
 
 /// Renews a batch of control activities of one cell, one outcome per row, in order; a failed
