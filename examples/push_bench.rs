@@ -25,6 +25,16 @@
 //! through the same accept transaction the send route runs (directly on the database), and a fresh
 //! server drains them: `backlog.deliveredPerSecond` = rows / (server start → last provider
 //! request), the worker's throughput when work is waiting.
+//!
+//! Where the time goes: the fake APNs runs on its own thread (`bench-apns`) and the senders on
+//! theirs (`bench-send`), so `cpu` splits CPU time (µs per queued recipient in the send window,
+//! per delivered row in the backlog drain) between the relay (every other thread of this
+//! process), the senders, the fake, this server's Postgres backends (found through this
+//! process's sockets) and Postgres' WAL writer, checkpointer and background writer; `machine` is
+//! the busy cores of the whole machine over the window (other load included). `wire` is what the
+//! relay sent to the database (statements, round trips, prepares) per queued recipient (send
+//! window, accepts and deliveries both), per accept (the backlog queueing, accepts alone) and per
+//! delivered row (the backlog drain, deliveries alone). `load` is `/proc/loadavg` at the start.
 
 #[path = "../tests/support/push/mod.rs"]
 mod support;
@@ -34,8 +44,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use orca_relay::store::testing::TestDb;
+use orca_relay::store::wire::WireSnapshot;
 use serde_json::json;
 use support::{common, fakes, ios_token, server_args, Host, Opts, Server};
+
+/// The binary's allocator, so the relay's CPU figures are the ones production pays.
+#[cfg(unix)]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 struct Args {
     backend: String,
@@ -126,8 +142,9 @@ async fn start(db_url: &str, apns: &fakes::Fake, pool: usize) -> Server {
 }
 
 async fn bench(backend: &str, t: &TestDb, a: &Args) -> serde_json::Value {
-    let apns = fakes::apns().await;
-    let mut s = start(&t.url, &apns, a.pool).await;
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let apns = FakeThread::start();
+    let mut s = start(&t.url, &apns.fake, a.pool).await;
     // Hosts of `fanout` devices each, registered by 16 tasks at once.
     let hosts = a.registrations.div_ceil(a.fanout);
     let mut setup = Vec::new();
@@ -172,58 +189,38 @@ async fn bench(backend: &str, t: &TestDb, a: &Args) -> serde_json::Value {
     }
     let registrations: usize = hosts_ready.iter().map(|h| h.2.len()).sum();
     let hosts_ready = Arc::new(hosts_ready);
-    let next = Arc::new(AtomicUsize::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..a.senders {
-        let (s, h, next, stop) = (s.clone(), hosts_ready.clone(), next.clone(), stop.clone());
-        tasks.push(tokio::spawn(async move {
-            let (mut queued, mut other) = (0usize, 0usize);
-            while !stop.load(Ordering::Relaxed) {
-                let k = next.fetch_add(1, Ordering::Relaxed);
-                let (xff, tok, ids, _) = &h[k % h.len()];
-                let body = json!({"v":1,"registrationIds":ids,"notification":bench_alert(k)});
-                let (st, _, v) = s
-                    .call_as(
-                        xff,
-                        reqwest::Method::POST,
-                        "/v1/send",
-                        Some(tok),
-                        Some(body.to_string()),
-                    )
-                    .await;
-                if st != 200 {
-                    other += ids.len();
-                    continue;
-                }
-                for r in v["results"].as_array().into_iter().flatten() {
-                    if r["status"] == "queued" {
-                        queued += 1;
-                    } else {
-                        other += 1;
-                    }
-                }
-            }
-            (queued, other)
-        }));
-    }
-    tokio::time::sleep(a.duration).await;
-    stop.store(true, Ordering::Relaxed);
-    let (mut queued, mut refused) = (0, 0);
-    for t in tasks {
-        let (q, o) = t.await.unwrap();
-        queued += q;
-        refused += o;
-    }
-    let send_end = Instant::now();
+    let db = s.running().ctx.db.clone();
+    let cpu = CpuMeter::new().await;
+    let wire0 = db.wire_stats();
+    let cpu0 = cpu.sample(&t.db).await;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    // The sender thread stays until its CPU was sampled (an ended thread leaves /proc).
+    let (sampled, sampled_rx) = std::sync::mpsc::channel::<()>();
+    let (base, duration, n_senders) = (s.base.clone(), a.duration, a.senders);
+    let hosts_for_senders = hosts_ready.clone();
+    std::thread::Builder::new()
+        .name("bench-send".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let r = rt.block_on(send_for(base, hosts_for_senders, n_senders, duration));
+            let _ = tx.send(r);
+            let _ = sampled_rx.recv();
+        })
+        .unwrap();
+    let (queued, refused, started, send_end) = rx.await.unwrap();
+    let cpu_send = cpu.sample(&t.db).await;
+    let _ = sampled.send(());
+    let wire_send = db.wire_stats();
     let send_s = (send_end - started).as_secs_f64();
-    let seen_at_end = apns.seen_count();
+    let seen_at_end = apns.fake.seen_count();
     let deadline = Instant::now() + Duration::from_secs(300);
-    while apns.seen_count() < queued && Instant::now() < deadline {
+    while apns.fake.seen_count() < queued && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let seen = apns.seen();
+    let seen = apns.fake.seen();
     let delivered = seen.len();
     let last = seen.iter().map(|x| x.at).max().unwrap_or(started);
     let deliver_s = (last - started).as_secs_f64();
@@ -232,17 +229,20 @@ async fn bench(backend: &str, t: &TestDb, a: &Args) -> serde_json::Value {
     let auth_ok = seen.iter().all(|x| x.auth_ok);
     let max_open = seen
         .iter()
-        .map(|x| apns.max_open(&x.token))
+        .map(|x| apns.fake.max_open(&x.token))
         .max()
         .unwrap_or(0);
     let r = |x: f64| (x * 1000.0).round() / 1000.0;
+    let live_cpu = cpu_send.minus(&cpu0).per(queued);
+    let live_wire = per(wire_send - wire0, queued);
     if let Ok(s) = Arc::try_unwrap(s) {
         s.stop().await;
     }
     // Backlog: `backlog` notifications per registration queued through the accept transaction
     // while no server runs, then a fresh server drains them.
     let mut k = 1_000_000usize;
-    let before = apns.seen_count();
+    let before = apns.fake.seen_count();
+    let queue_wire0 = t.db.wire_stats();
     for (_, _, ids, fp) in hosts_ready.iter() {
         for _ in 0..a.backlog {
             k += 1;
@@ -250,24 +250,30 @@ async fn bench(backend: &str, t: &TestDb, a: &Args) -> serde_json::Value {
         }
     }
     let backlog_rows = registrations * a.backlog;
+    let accept_wire = per(t.db.wire_stats() - queue_wire0, backlog_rows);
     let drain_started = Instant::now();
-    let s2 = start(&t.url, &apns, a.pool).await;
+    let cpu1 = cpu.sample(&t.db).await;
+    let s2 = start(&t.url, &apns.fake, a.pool).await;
+    let db2 = s2.running().ctx.db.clone();
     let deadline = Instant::now() + Duration::from_secs(300);
-    while apns.seen_count() < before + backlog_rows && Instant::now() < deadline {
+    while apns.fake.seen_count() < before + backlog_rows && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let seen2 = apns.seen();
+    let cpu2 = cpu.sample(&t.db).await;
+    let drain_wire = db2.wire_stats();
+    let seen2 = apns.fake.seen();
     let drained = seen2.len() - before;
     let last2 = seen2.iter().map(|x| x.at).max().unwrap_or(drain_started);
     let backlog_s = (last2 - drain_started).as_secs_f64();
     let max_open2 = seen2[before..]
         .iter()
-        .map(|x| apns.max_open(&x.token))
+        .map(|x| apns.fake.max_open(&x.token))
         .max()
         .unwrap_or(0);
     s2.stop().await;
     let v = json!({
         "backend": backend,
+        "load": load.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
         "hosts": hosts,
         "registrations": registrations,
         "senders": a.senders,
@@ -285,16 +291,336 @@ async fn bench(backend: &str, t: &TestDb, a: &Args) -> serde_json::Value {
         "backlogAtSendEnd": backlog,
         "drainSeconds": r(drain_s),
         "drainPerSecond": if backlog > 0 && drain_s > 0.0 { (backlog as f64 / drain_s).round() } else { 0.0 },
+        "cpuMicrosPerQueued": live_cpu,
+        "wirePerQueued": live_wire,
+        "wirePerAccept": accept_wire,
         "backlog": {
             "queued": backlog_rows,
             "delivered": drained,
             "maxOpenStreamsPerToken": max_open2,
             "seconds": r(backlog_s),
             "deliveredPerSecond": (drained as f64 / backlog_s).round(),
+            "cpuMicrosPerDelivered": cpu2.minus(&cpu1).per(drained),
+            "wirePerDelivered": per(drain_wire, drained),
         },
     });
     apns.stop();
     v
+}
+
+/// A host of the bench: client address, session token, registration ids, fingerprint.
+type BenchHost = (String, String, Vec<String>, String);
+
+/// `senders` tasks sending for `duration` (on the `bench-send` thread's own runtime and HTTP
+/// client): queued and other results, and the window.
+async fn send_for(
+    base: String,
+    h: Arc<Vec<BenchHost>>,
+    senders: usize,
+    duration: Duration,
+) -> (usize, usize, Instant, Instant) {
+    let client = Arc::new(SendClient {
+        base,
+        client: reqwest::Client::new(),
+    });
+    let next = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..senders {
+        let (c, h, next, stop) = (client.clone(), h.clone(), next.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let (mut queued, mut other) = (0usize, 0usize);
+            while !stop.load(Ordering::Relaxed) {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                let (xff, tok, ids, _) = &h[k % h.len()];
+                let body = json!({"v":1,"registrationIds":ids,"notification":bench_alert(k)});
+                let Some(v) = c.send(xff, tok, body.to_string()).await else {
+                    other += ids.len();
+                    continue;
+                };
+                for r in v["results"].as_array().into_iter().flatten() {
+                    if r["status"] == "queued" {
+                        queued += 1;
+                    } else {
+                        other += 1;
+                    }
+                }
+            }
+            (queued, other)
+        }));
+    }
+    tokio::time::sleep(duration).await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut queued, mut refused) = (0, 0);
+    for t in tasks {
+        let (q, o) = t.await.unwrap();
+        queued += q;
+        refused += o;
+    }
+    (queued, refused, started, Instant::now())
+}
+
+struct SendClient {
+    base: String,
+    client: reqwest::Client,
+}
+
+impl SendClient {
+    /// `POST /v1/send` as the host behind `xff`; the answer when it is a 200.
+    async fn send(&self, xff: &str, tok: &str, body: String) -> Option<serde_json::Value> {
+        let resp = self
+            .client
+            .post(format!("{}/v1/send", self.base))
+            .header("x-forwarded-for", xff)
+            .header("authorization", format!("Bearer {tok}"))
+            .body(body)
+            .send()
+            .await
+            .expect("request");
+        if resp.status() != 200 {
+            return None;
+        }
+        serde_json::from_str(&resp.text().await.unwrap_or_default()).ok()
+    }
+}
+
+/// The fake APNs on its own thread and runtime (`bench-apns`), so its CPU is counted apart.
+struct FakeThread {
+    fake: fakes::Fake,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl FakeThread {
+    fn start() -> FakeThread {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let done = stop.clone();
+        std::thread::Builder::new()
+            .name("bench-apns".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    tx.send(fakes::apns().await).unwrap();
+                    done.cancelled().await;
+                });
+            })
+            .unwrap();
+        FakeThread {
+            fake: rx.recv().unwrap(),
+            stop,
+        }
+    }
+
+    fn stop(&self) {
+        self.fake.stop();
+        self.stop.cancel();
+    }
+}
+
+/// Wire counters divided by `n` (two decimals).
+fn per(w: WireSnapshot, n: usize) -> serde_json::Value {
+    let d = |x: u64| ((x as f64 / n.max(1) as f64) * 100.0).round() / 100.0;
+    json!({"statements": d(w.statements), "roundTrips": d(w.round_trips), "prepares": d(w.prepares)})
+}
+
+/// CPU time (ticks) of the parts of one run, at one sample.
+#[derive(Clone, Default)]
+struct Cpu {
+    process: u64,
+    senders: u64,
+    fake: u64,
+    /// Per backend pid: a backend born after the earlier sample counts from zero.
+    backends: std::collections::HashMap<u32, u64>,
+    pg_aux: u64,
+    machine_busy: u64,
+    machine_total: u64,
+}
+
+impl Cpu {
+    fn minus(&self, o: &Cpu) -> Delta {
+        Delta {
+            process: self.process - o.process,
+            senders: self.senders.saturating_sub(o.senders),
+            fake: self.fake.saturating_sub(o.fake),
+            backends: self
+                .backends
+                .iter()
+                .map(|(p, t)| t.saturating_sub(o.backends.get(p).copied().unwrap_or(0)))
+                .sum(),
+            pg_aux: self.pg_aux.saturating_sub(o.pg_aux),
+            machine_busy: self.machine_busy - o.machine_busy,
+            machine_total: self.machine_total - o.machine_total,
+        }
+    }
+}
+
+/// CPU ticks spent between two samples.
+struct Delta {
+    process: u64,
+    senders: u64,
+    fake: u64,
+    backends: u64,
+    pg_aux: u64,
+    machine_busy: u64,
+    machine_total: u64,
+}
+
+impl Delta {
+    /// µs per item of each part; `machineBusyCores` = busy share × cores over the window.
+    fn per(&self, n: usize) -> serde_json::Value {
+        let tick_us = 1e6 / ticks_per_second();
+        let us = |t: u64| (t as f64 * tick_us / n.max(1) as f64).round();
+        let relay = self.process.saturating_sub(self.senders + self.fake);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        json!({
+            "relay": us(relay),
+            "senders": us(self.senders),
+            "fakeApns": us(self.fake),
+            "postgresBackends": us(self.backends),
+            "postgresWalAndWriters": us(self.pg_aux),
+            "machineBusyCores": ((self.machine_busy as f64 / self.machine_total.max(1) as f64) * cores * 100.0).round() / 100.0,
+        })
+    }
+}
+
+fn ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}
+
+/// `utime + stime` from a `/proc/…/stat` file.
+fn stat_ticks(path: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(path).ok()?;
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Samples the CPU of this process's threads, of the Postgres backends serving this process
+/// and of Postgres' background writers.
+struct CpuMeter {
+    /// Postgres' WAL writer, checkpointer and background writer.
+    aux: Vec<u32>,
+}
+
+impl CpuMeter {
+    async fn new() -> CpuMeter {
+        let mut aux = Vec::new();
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmd = String::from_utf8_lossy(&cmd);
+            if cmd.starts_with("postgres: ")
+                && ["walwriter", "checkpointer", "background writer"]
+                    .iter()
+                    .any(|w| cmd.contains(w))
+            {
+                aux.push(pid);
+            }
+        }
+        CpuMeter { aux }
+    }
+
+    async fn sample(&self, db: &orca_relay::store::Db) -> Cpu {
+        let mut c = Cpu {
+            process: stat_ticks("/proc/self/stat").unwrap_or(0),
+            ..Default::default()
+        };
+        for e in std::fs::read_dir("/proc/self/task")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let dir = e.path();
+            let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            let ticks = stat_ticks(&dir.join("stat").to_string_lossy()).unwrap_or(0);
+            match comm.trim() {
+                "bench-send" => c.senders += ticks,
+                "bench-apns" => c.fake += ticks,
+                _ => {}
+            }
+        }
+        c.pg_aux = self
+            .aux
+            .iter()
+            .filter_map(|p| stat_ticks(&format!("/proc/{p}/stat")))
+            .sum();
+        for pid in backend_pids(db).await {
+            if let Some(t) = stat_ticks(&format!("/proc/{pid}/stat")) {
+                c.backends.insert(pid, t);
+            }
+        }
+        if let Ok(stat) = std::fs::read_to_string("/proc/stat") {
+            let f: Vec<u64> = stat
+                .lines()
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .skip(1)
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            // user nice system idle iowait irq softirq steal
+            c.machine_total = f.iter().take(8).sum();
+            c.machine_busy = c.machine_total - f.get(3).unwrap_or(&0) - f.get(4).unwrap_or(&0);
+        }
+        c
+    }
+}
+
+/// Pids of the Postgres backends whose client sockets belong to this process (SQLite: none).
+async fn backend_pids(db: &orca_relay::store::Db) -> Vec<u32> {
+    if db.kind() != orca_relay::store::DbKind::Postgres {
+        return Vec::new();
+    }
+    let mut inodes = std::collections::HashSet::new();
+    for e in std::fs::read_dir("/proc/self/fd")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if let Ok(l) = std::fs::read_link(e.path()) {
+            let l = l.to_string_lossy().to_string();
+            if let Some(i) = l.strip_prefix("socket:[").and_then(|x| x.strip_suffix(']')) {
+                inodes.insert(i.to_string());
+            }
+        }
+    }
+    let mut ports = std::collections::HashSet::new();
+    for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() > 9 && inodes.contains(f[9]) {
+                if let Some(p) = f[1].rsplit(':').next() {
+                    if let Ok(p) = i64::from_str_radix(p, 16) {
+                        ports.insert(p);
+                    }
+                }
+            }
+        }
+    }
+    let rows = db
+        .query(
+            "SELECT pid, client_port FROM pg_stat_activity WHERE client_port IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap_or_default();
+    rows.iter()
+        .filter(|r| ports.contains(&r.i64(1)))
+        .map(|r| r.i64(0) as u32)
+        .collect()
 }
 
 /// A distinct alert per send (not `support::alert`, which records its texts for the log scan).

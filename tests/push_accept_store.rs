@@ -193,3 +193,89 @@ async fn send_recipient_answers_and_rows() {
         );
     }
 }
+
+/// Postgres: an alert recipient (enqueued, replayed, unknown registration) is one round trip of
+/// four statements (`BEGIN`, the scope, the accept statement, `COMMIT`) once its statements are
+/// prepared on the connection.
+#[tokio::test]
+async fn alert_recipient_is_one_round_trip_on_postgres() {
+    for t in backends().await {
+        if t.kind() != orca_relay::store::DbKind::Postgres {
+            continue;
+        }
+        // One connection, so the warm-up prepares on the connection that is measured.
+        let db = &Db::connect(&t.url, 1).await.unwrap();
+        let now = orca_relay::clock::now_ms();
+        register(db, "live", "fp", false, now).await;
+        let send = |e: NewEvent<'static>, reg: &'static str| async move {
+            let start = db.wire_stats();
+            let a = store::send_recipient(db, "fp", &e, reg, &LIMITS, now)
+                .await
+                .unwrap();
+            (a, db.wire_stats() - start)
+        };
+        send(event("alert", "warm", "cw", 1), "live").await;
+        for (e, reg, want) in [
+            (event("alert", "e1", "c1", 2), "live", Accept::Enqueued),
+            (event("alert", "e1", "c1", 2), "live", Accept::Queued),
+            (event("alert", "e2", "c2", 3), "nope", Accept::Unknown),
+        ] {
+            let (a, cost) = send(e, reg).await;
+            assert_eq!(a, want);
+            assert_eq!(
+                (cost.round_trips, cost.statements, cost.prepares),
+                (1, 4, 0),
+                "{want:?}: {cost:?}"
+            );
+        }
+        assert_eq!(rows(db).await, (2, 2, 2));
+    }
+}
+
+/// Concurrent recipients of one host wait for each other's scope, and each decides on what the
+/// previous holder committed: with 5 events of quota left, 20 new events sent at once on 8
+/// connections enqueue exactly 5 (a statement deciding on a snapshot taken before the lock would
+/// let more through).
+#[tokio::test]
+async fn concurrent_accepts_of_one_host_keep_the_quota() {
+    for t in backends().await {
+        let db = &Db::connect(&t.url, 8).await.unwrap();
+        let k = t.kind();
+        let now = orca_relay::clock::now_ms();
+        register(db, "live", "fp", false, now).await;
+        for i in 0..LIMITS.event_quota - 5 {
+            db.execute(
+                "INSERT INTO push_events (event_id, host_fingerprint, kind, fingerprint, created_at, expires_at) VALUES ($1, 'fp', 'alert', 'f', $2, $3)",
+                params![format!("fill{i}"), now, now + 1_000],
+            )
+            .await
+            .unwrap();
+        }
+        let ids: Vec<String> = (0..20).map(|i| format!("c{i}")).collect();
+        let answers = futures_util::future::join_all(ids.iter().enumerate().map(|(i, id)| {
+            let e = NewEvent {
+                kind: "alert",
+                event_id: id,
+                content: id,
+                payload: "{}",
+                notification_id: Some(id),
+                notification_seq: i as i64,
+                notification_epoch: "e",
+                expires_at: None,
+            };
+            async move {
+                store::send_recipient(db, "fp", &e, "live", &LIMITS, now)
+                    .await
+                    .unwrap()
+            }
+        }))
+        .await;
+        let enqueued = answers.iter().filter(|a| **a == Accept::Enqueued).count();
+        let limited = answers
+            .iter()
+            .filter(|a| **a == Accept::RateLimited)
+            .count();
+        assert_eq!((enqueued, limited), (5, 15), "{k:?}: {answers:?}");
+        assert_eq!(rows(db).await, (LIMITS.event_quota, 5, 5), "{k:?}");
+    }
+}

@@ -271,6 +271,24 @@ impl Tx {
         }
     }
 
+    /// Waits for the scope, runs the transaction's last statement and commits. Postgres sends
+    /// all of it (with `BEGIN` when first) in one flight, the statement running only once the
+    /// lock is held; SQLite (scopes are no-ops) runs the statement and commits.
+    pub async fn scoped_finish_with(
+        &mut self,
+        scope: &str,
+        sql: &str,
+        params: &[Value],
+    ) -> Result<Vec<Row>, DbError> {
+        match self {
+            Tx::Sqlite(t) => {
+                t.scope_lock(scope).await?;
+                t.finish_with(sql, params).await
+            }
+            Tx::Postgres(t) => t.locked_finish_with(scope_key(scope), sql, params).await,
+        }
+    }
+
     /// See [`Backend::finish_with`].
     pub async fn finish_with(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
         dispatch!(self, t => t.finish_with(sql, params).await)

@@ -413,6 +413,74 @@ impl PgTx {
     }
 }
 
+impl PgTx {
+    /// Takes the advisory lock `key`, runs `sql` and commits, all in one flight: the server runs
+    /// them in order, so `sql` starts (and takes its READ COMMITTED snapshot) only once the lock
+    /// is held, and sees everything the lock's previous holder committed.
+    pub(super) async fn locked_finish_with(
+        &mut self,
+        key: i64,
+        sql: &str,
+        params: &[Value],
+    ) -> Result<Vec<Row>, DbError> {
+        bounded!(self, self.raw_locked_finish_with(key, sql, params))
+    }
+
+    async fn raw_locked_finish_with(
+        &mut self,
+        key: i64,
+        sql: &str,
+        params: &[Value],
+    ) -> Result<Vec<Row>, DbError> {
+        let obj = self
+            .obj
+            .take()
+            .ok_or_else(|| DbError::Fatal("transaction already finished".into()))?;
+        let prepared = async {
+            let lock = prepare(&obj, "SELECT pg_advisory_xact_lock($1)", &self.wire).await?;
+            let stmt = prepare(&obj, sql, &self.wire).await?;
+            Ok::<_, DbError>((lock, stmt))
+        }
+        .await;
+        let (lock, stmt) = match prepared {
+            Ok(s) => s,
+            Err(e) => {
+                self.obj = Some(obj);
+                return Err(e);
+            }
+        };
+        let key = [Value::Int(key)];
+        let begun = self.begun;
+        let begin = async {
+            if begun {
+                Ok(())
+            } else {
+                obj.batch_execute(BEGIN).await
+            }
+        };
+        self.wire.flight(if begun { 3 } else { 4 });
+        // A failed lock (its timeout) aborts the transaction: the statement then fails and the
+        // server turns COMMIT into ROLLBACK, so the connection is clean when all answers are in,
+        // and the lock's error is the one reported.
+        let (b, l, r, c) = tokio::join!(
+            begin,
+            run_prepared(&obj, &lock, &key),
+            run_prepared(&obj, &stmt, params),
+            obj.batch_execute("COMMIT")
+        );
+        self.begun = true;
+        self.finished = true;
+        b.map_err(map_err)?;
+        l?;
+        let rows = r?;
+        if let Err(e) = c {
+            let _ = obj.batch_execute("ROLLBACK").await;
+            return Err(map_err(e));
+        }
+        rows_of(rows)
+    }
+}
+
 impl Drop for PgTx {
     fn drop(&mut self) {
         if let Some(obj) = self.obj.take() {

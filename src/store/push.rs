@@ -310,11 +310,94 @@ async fn accept_tx(
     limits: &Limits,
     now: i64,
 ) -> Result<Accept, DbError> {
+    let scope = format!("orca-push-events:{fp}");
+    if db.kind() == super::DbKind::Postgres && n.kind == "alert" {
+        // One flight: `BEGIN`, the scope, [`ACCEPT_ALERT_PG`], `COMMIT`.
+        let sql = &ACCEPT_ALERT_PG[usize::from(check_device)];
+        let delivery_id = uuid::Uuid::new_v4().to_string();
+        let cap = now + limits.notification_ttl_ms;
+        let p = params![
+            registration_id,
+            fp,
+            n.event_id,
+            n.kind,
+            now - limits.event_quota_window_ms,
+            n.notification_epoch,
+            n.notification_id,
+            n.notification_seq,
+            now,
+            n.expires_at.map_or(cap, |e| e.min(cap)),
+            limits.event_quota,
+            n.content,
+            delivery_id.as_str(),
+            n.payload
+        ];
+        return transaction!(db, "push_accept", |tx| {
+            let rows = tx.scoped_finish_with(&scope, sql, p).await?;
+            Ok::<_, DbError>(accept_outcome(
+                &rows.first().map(|r| r.str(0)).unwrap_or_default(),
+            ))
+        });
+    }
     transaction!(db, "push_accept", |tx| {
-        tx.scope_lock(&format!("orca-push-events:{fp}")).await?;
+        tx.scope_lock(&scope).await?;
         accept_in(tx, fp, n, registration_id, check_device, limits, now).await
     })
 }
+
+/// The answer [`ACCEPT_ALERT_PG`] decided.
+fn accept_outcome(s: &str) -> Accept {
+    match s {
+        "enqueued" => Accept::Enqueued,
+        "queued" => Accept::Queued,
+        "rate_limited" => Accept::RateLimited,
+        "unknown" => Accept::Unknown,
+        "dead" => Accept::Dead,
+        _ => Accept::Error,
+    }
+}
+
+/// Postgres, an alert: every accept step of push.md §6 in one statement, run under the scope
+/// (the statement's snapshot is taken after the lock is held). `r` reads what the steps decide
+/// on (as [`ACCEPT_READ`]), `s` decides in the steps' order (unknown, dead, conflict, deadline,
+/// quota, replay or fence, enqueue) and the inserts run only for the answers that write: the event
+/// when new and `queued`/`enqueued` (a fenced alert's event still counts), the delivery and the
+/// recipient when `enqueued`. `[0]` skips the registration check ([`accept`]), `[1]` makes it
+/// ([`send_recipient`]). Parameters: `$1` registration, `$2` fp, `$3` event id, `$4` kind, `$5`
+/// quota window start, `$6` epoch, `$7` notification id, `$8` seq, `$9` now, `$10` a new event's
+/// deadline, `$11` quota, `$12` content fingerprint, `$13` delivery id, `$14` payload. A dismiss
+/// (fence upsert and deletes first) takes the stepwise [`accept_in`].
+static ACCEPT_ALERT_PG: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
+    let sql = |device: &str| {
+        format!(
+            "WITH r AS MATERIALIZED (SELECT \
+               (SELECT CASE WHEN v.dead_at IS NULL THEN 0 ELSE 1 END FROM push_devices v WHERE v.registration_id = $1 AND v.host_fingerprint = $2) AS dev, \
+               (SELECT e.fingerprint FROM push_events e WHERE e.event_id = $3) AS efp, \
+               (SELECT e.expires_at FROM push_events e WHERE e.event_id = $3) AS eexp, \
+               CASE WHEN EXISTS (SELECT 1 FROM push_events e WHERE e.event_id = $3) THEN 0 \
+                 ELSE (SELECT COUNT(*) FROM push_events q WHERE q.host_fingerprint = $2 AND q.kind = $4 AND q.created_at > $5) END AS used, \
+               EXISTS (SELECT 1 FROM push_event_recipients x WHERE x.event_id = $3 AND x.registration_id = $1) AS seen, \
+               EXISTS (SELECT 1 FROM push_dismissed_events f WHERE f.host_fingerprint = $2 AND f.notification_epoch = $6 \
+                 AND f.notification_id = $7 AND f.notification_seq >= $8) AS fenced), \
+             s AS (SELECT r.efp, COALESCE(r.eexp, $10) AS deadline, CASE {device} \
+               WHEN r.efp IS NOT NULL AND r.efp <> $12 THEN 'error' \
+               WHEN COALESCE(r.eexp, $10) <= $9 THEN 'error' \
+               WHEN r.efp IS NULL AND r.used >= $11 THEN 'rate_limited' \
+               WHEN r.seen OR r.fenced THEN 'queued' \
+               ELSE 'enqueued' END AS outcome FROM r), \
+             e AS (INSERT INTO push_events (event_id, host_fingerprint, kind, fingerprint, created_at, expires_at) \
+               SELECT $3, $2, $4, $12, $9, s.deadline FROM s WHERE s.efp IS NULL AND s.outcome IN ('queued', 'enqueued')), \
+             d AS (INSERT INTO push_deliveries (delivery_id, host_fingerprint, registration_id, kind, notification_epoch, notification_id, notification_seq, payload_json, due_at, expires_at, lease_token, lease_until, attempts, created_at) \
+               SELECT CAST($13 AS TEXT), $2, $1, $4, $6, $7, $8, CAST($14 AS TEXT), $9, s.deadline, NULL, 0, 0, $9 FROM s WHERE s.outcome = 'enqueued'), \
+             c AS (INSERT INTO push_event_recipients (event_id, registration_id, created_at) SELECT $3, $1, $9 FROM s WHERE s.outcome = 'enqueued') \
+             SELECT outcome FROM s"
+        )
+    };
+    [
+        sql(""),
+        sql("WHEN r.dev IS NULL THEN 'unknown' WHEN r.dev = 1 THEN 'dead'"),
+    ]
+});
 
 /// Every read the accept steps decide on, in one statement: the registration (`NULL` unknown,
 /// 0 live, 1 dead), the event's content fingerprint and deadline, the host's quota use for `K`
