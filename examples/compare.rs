@@ -14,6 +14,8 @@
 //! cargo run --release --example compare -- --rounds 5 --only ours,node --ours-env TOKIO_WORKER_THREADS=2
 //! # before/after: an earlier commit's binary beside this one, throughput under SCHED_FIFO too
 //! cargo run --release --example compare -- --only ours --base-bin /path/to/old/orca-relay --rt-throughput 1
+//! # latency only (no throughput phase), e.g. five rounds against Node and the C relay
+//! cargo run --release --example compare -- --skip-throughput 1 --rounds 5 --only ours,node,c
 //! ```
 //! It builds `orca-relay` and `loadgen` itself (`cargo build --release`, the binary without the
 //! test-only features examples turn on), runs `npm ci` in `examples/node_relay` when its
@@ -58,6 +60,9 @@ struct Args {
     rt_throughput: bool,
     /// `orca-relay` of an earlier commit: adds the `base` relay.
     base_bin: Option<PathBuf>,
+    /// Latency runs only (`--skip-throughput 1`): a latency before/after in a fraction of the time,
+    /// and without the throughput phase's allocation peaks in the relay before it is measured.
+    skip_throughput: bool,
 }
 
 fn args() -> Args {
@@ -78,6 +83,7 @@ fn args() -> Args {
         rt: 5,
         rt_throughput: false,
         base_bin: None,
+        skip_throughput: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -104,6 +110,7 @@ fn args() -> Args {
             "--rt" => a.rt = num("--rt") as u32,
             "--rt-throughput" => a.rt_throughput = v != "0",
             "--base-bin" => a.base_bin = Some(PathBuf::from(&v)),
+            "--skip-throughput" => a.skip_throughput = v != "0",
             other => panic!("unknown flag {other}"),
         }
         i += 2;
@@ -420,11 +427,13 @@ fn main() {
         eprintln!("note: chrt -f {rt} not permitted here, the SCHED_FIFO latency run is skipped");
         rt = 0;
     }
-    let phases: &[Phase] = if rt > 0 {
-        &[Phase::Throughput, Phase::Latency, Phase::LatencyRt]
-    } else {
-        &[Phase::Throughput, Phase::Latency]
-    };
+    // (index in `results`, phase): the table reads the throughput at 0, latency at 1, FIFO at 2.
+    let phases: Vec<(usize, Phase)> = [Phase::Throughput, Phase::Latency, Phase::LatencyRt]
+        .into_iter()
+        .enumerate()
+        .filter(|&(_, ph)| !(ph == Phase::Throughput && a.skip_throughput))
+        .filter(|&(_, ph)| ph != Phase::LatencyRt || rt > 0)
+        .collect();
     let a = Args {
         rt,
         rt_throughput: a.rt_throughput && rt > 0,
@@ -439,7 +448,7 @@ fn main() {
             let k = (i + round) % kinds.len();
             let kind = kinds[k].as_str();
             let relay = start(kind, &a, &p, pin);
-            for (pi, &phase) in phases.iter().enumerate() {
+            for &(pi, phase) in &phases {
                 let r = measure(kind, phase, relay.as_ref(), &a, &p, pin);
                 eprintln!("round {round} {kind} phase {pi}: {r}");
                 results[k][pi].push(r);
