@@ -268,12 +268,9 @@ impl Backend for PgTx {
     }
 
     async fn scope_lock(&mut self, scope: &str) -> Result<(), DbError> {
-        self.execute(
-            "SELECT pg_advisory_xact_lock($1)",
-            &[Value::Int(scope_key(scope))],
-        )
-        .await
-        .map(|_| ())
+        self.execute(SCOPE_LOCK, &[Value::Int(scope_key(scope))])
+            .await
+            .map(|_| ())
     }
 
     async fn try_scope_lock(&mut self, scope: &str) -> Result<bool, DbError> {
@@ -373,45 +370,12 @@ impl PgTx {
     }
 
     async fn raw_finish_with(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError> {
-        let obj = self
-            .obj
-            .take()
-            .ok_or_else(|| DbError::Fatal("transaction already finished".into()))?;
-        let stmt = match prepare(&obj, sql, &self.wire).await {
-            Ok(s) => s,
-            Err(e) => {
-                self.obj = Some(obj);
-                return Err(e);
-            }
-        };
-        // After a failed statement the server turns COMMIT into ROLLBACK: either way the
-        // connection is clean when both answers are in.
-        let (b, r, c) = if self.begun {
-            self.wire.flight(2);
-            let (r, c) = tokio::join!(
-                run_prepared(&obj, &stmt, params),
-                obj.batch_execute("COMMIT")
-            );
-            (Ok(()), r, c)
-        } else {
-            self.wire.flight(3);
-            tokio::join!(
-                obj.batch_execute(BEGIN),
-                run_prepared(&obj, &stmt, params),
-                obj.batch_execute("COMMIT")
-            )
-        };
-        self.begun = true;
-        self.finished = true;
-        b.map_err(map_err)?;
-        let rows = r?;
-        if let Err(e) = c {
-            let _ = obj.batch_execute("ROLLBACK").await;
-            return Err(map_err(e));
-        }
-        rows_of(rows)
+        self.pipelined_finish(None, sql, params).await
     }
 }
+
+/// The advisory lock a scope takes ([`PgTx::scope_lock`], [`PgTx::locked_finish_with`]).
+const SCOPE_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
 
 impl PgTx {
     /// Takes the advisory lock `key`, runs `sql` and commits, all in one flight: the server runs
@@ -423,12 +387,15 @@ impl PgTx {
         sql: &str,
         params: &[Value],
     ) -> Result<Vec<Row>, DbError> {
-        bounded!(self, self.raw_locked_finish_with(key, sql, params))
+        bounded!(self, self.pipelined_finish(Some(key), sql, params))
     }
 
-    async fn raw_locked_finish_with(
+    /// `BEGIN` (when not yet sent), the advisory lock `lock` (when given), `sql` and `COMMIT` in
+    /// one flight. After a failed lock or statement the server turns `COMMIT` into `ROLLBACK`, so
+    /// the connection is clean when all answers are in, and the first error is the one reported.
+    async fn pipelined_finish(
         &mut self,
-        key: i64,
+        lock: Option<i64>,
         sql: &str,
         params: &[Value],
     ) -> Result<Vec<Row>, DbError> {
@@ -437,19 +404,21 @@ impl PgTx {
             .take()
             .ok_or_else(|| DbError::Fatal("transaction already finished".into()))?;
         let prepared = async {
-            let lock = prepare(&obj, "SELECT pg_advisory_xact_lock($1)", &self.wire).await?;
+            let lock_stmt = match lock {
+                Some(_) => Some(prepare(&obj, SCOPE_LOCK, &self.wire).await?),
+                None => None,
+            };
             let stmt = prepare(&obj, sql, &self.wire).await?;
-            Ok::<_, DbError>((lock, stmt))
+            Ok::<_, DbError>((lock_stmt, stmt))
         }
         .await;
-        let (lock, stmt) = match prepared {
+        let (lock_stmt, stmt) = match prepared {
             Ok(s) => s,
             Err(e) => {
                 self.obj = Some(obj);
                 return Err(e);
             }
         };
-        let key = [Value::Int(key)];
         let begun = self.begun;
         let begin = async {
             if begun {
@@ -458,13 +427,17 @@ impl PgTx {
                 obj.batch_execute(BEGIN).await
             }
         };
-        self.wire.flight(if begun { 3 } else { 4 });
-        // A failed lock (its timeout) aborts the transaction: the statement then fails and the
-        // server turns COMMIT into ROLLBACK, so the connection is clean when all answers are in,
-        // and the lock's error is the one reported.
+        let locked = async {
+            match (&lock_stmt, lock) {
+                (Some(l), Some(key)) => run_prepared(&obj, l, &[Value::Int(key)]).await.map(drop),
+                _ => Ok(()),
+            }
+        };
+        self.wire
+            .flight(2 + u64::from(!begun) + u64::from(lock_stmt.is_some()));
         let (b, l, r, c) = tokio::join!(
             begin,
-            run_prepared(&obj, &lock, &key),
+            locked,
             run_prepared(&obj, &stmt, params),
             obj.batch_execute("COMMIT")
         );
