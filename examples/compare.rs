@@ -14,6 +14,9 @@
 //! cargo run --release --example compare -- --rounds 5 --only ours,node --ours-env TOKIO_WORKER_THREADS=2
 //! # before/after: an earlier commit's binary beside this one, throughput under SCHED_FIFO too
 //! cargo run --release --example compare -- --only ours --base-bin /path/to/old/orca-relay --rt-throughput 1
+//! # the splice over TLS beside plain (ours over its own TLS listener, a test CA made for the run),
+//! # before/after: prints ours/base per relay CPU-second against the C relay and TLS/plain ratios
+//! cargo run --release --example compare -- --only ours,c --tls 1 --base-bin /path/to/old/orca-relay
 //! # latency only (no throughput phase), e.g. five rounds against Node and the C relay
 //! cargo run --release --example compare -- --skip-throughput 1 --rounds 5 --only ours,node,c
 //! ```
@@ -31,8 +34,12 @@ use serde_json::{json, Value};
 const SIGNING: &str = "compare-bench-signing-key-0123456789abcdef";
 /// `ours`: `--role all` (the single-node default); `cell`: `--role director,cell` (no push worker);
 /// `node`, `c`: the plain relays; `none`: the load generator against itself; `base`: `--role all`
-/// from the binary `--base-bin` names (a build of an earlier commit), for before/after figures.
-const KINDS: [&str; 6] = ["ours", "cell", "node", "c", "none", "base"];
+/// from the binary `--base-bin` names (a build of an earlier commit), for before/after figures;
+/// `tls`, `base-tls`: `ours` and `base` over their own TLS listener (`wss://`, a test CA made for
+/// the run, ECDSA P-256), added by `--tls 1`.
+const KINDS: [&str; 8] = [
+    "ours", "cell", "node", "c", "none", "base", "tls", "base-tls",
+];
 
 struct Args {
     rounds: usize,
@@ -63,6 +70,8 @@ struct Args {
     /// Latency runs only (`--skip-throughput 1`): a latency before/after in a fraction of the time,
     /// and without the throughput phase's allocation peaks in the relay before it is measured.
     skip_throughput: bool,
+    /// `--tls 1`: adds `tls` (and `base-tls` with `--base-bin`), ours over `wss://`.
+    tls: bool,
 }
 
 fn args() -> Args {
@@ -84,6 +93,7 @@ fn args() -> Args {
         rt_throughput: false,
         base_bin: None,
         skip_throughput: false,
+        tls: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -111,6 +121,7 @@ fn args() -> Args {
             "--rt-throughput" => a.rt_throughput = v != "0",
             "--base-bin" => a.base_bin = Some(PathBuf::from(&v)),
             "--skip-throughput" => a.skip_throughput = v != "0",
+            "--tls" => a.tls = v != "0",
             other => panic!("unknown flag {other}"),
         }
         i += 2;
@@ -118,14 +129,25 @@ fn args() -> Args {
     for r in &a.only {
         assert!(
             KINDS.contains(&r.as_str()),
-            "--only takes a comma list of ours,cell,node,c,none,base"
+            "--only takes a comma list of ours,cell,node,c,none,base,tls,base-tls"
         );
     }
-    if a.base_bin.is_some() && !a.only.iter().any(|k| k == "base") {
-        a.only.push("base".into());
+    let mut add = |k: &str| {
+        if !a.only.iter().any(|o| o == k) {
+            a.only.push(k.into());
+        }
+    };
+    if a.base_bin.is_some() {
+        add("base");
+    }
+    if a.tls {
+        add("tls");
+        if a.base_bin.is_some() {
+            add("base-tls");
+        }
     }
     assert!(
-        a.base_bin.is_some() || !a.only.iter().any(|k| k == "base"),
+        a.base_bin.is_some() || !a.only.iter().any(|k| k.starts_with("base")),
         "the base relay needs --base-bin PATH"
     );
     a
@@ -197,6 +219,10 @@ fn wait_for_line(stream: impl Read + Send + 'static, marker: &'static str) -> St
 
 struct Paths {
     root: PathBuf,
+    /// The run's test CA (PEM) and the certificate and key it issued for 127.0.0.1.
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
     orca: PathBuf,
     loadgen: PathBuf,
     c_relay: PathBuf,
@@ -204,10 +230,10 @@ struct Paths {
 
 fn start(kind: &str, a: &Args, p: &Paths, pin: bool) -> Option<Relay> {
     match kind {
-        "ours" | "cell" | "base" => {
+        "ours" | "cell" | "base" | "tls" | "base-tls" => {
             let dir = tempfile::tempdir().expect("temp dir");
             let bin = match (kind, &a.base_bin) {
-                ("base", Some(b)) => b.as_path(),
+                ("base" | "base-tls", Some(b)) => b.as_path(),
                 _ => p.orca.as_path(),
             };
             let mut cmd = pinned(pin, a.nice, a.relay_core, bin);
@@ -222,6 +248,10 @@ fn start(kind: &str, a: &Args, p: &Paths, pin: bool) -> Option<Relay> {
                         "ORCA_RELAY_ADMIN_TOKEN",
                         "compare-bench-admin-token-0123456789abcdef",
                     );
+            }
+            if kind.ends_with("tls") {
+                cmd.env("ORCA_RELAY_TLS_CERT", &p.cert)
+                    .env("ORCA_RELAY_TLS_KEY", &p.key);
             }
             cmd.arg("serve")
                 .current_dir(dir.path())
@@ -323,6 +353,10 @@ fn measure(
         ("ours" | "cell" | "base", Some(r)) => {
             cmd.args(["--url", &r.url, "--signing-key", SIGNING]);
         }
+        ("tls" | "base-tls", Some(r)) => {
+            cmd.args(["--url", &r.url, "--signing-key", SIGNING]);
+            cmd.arg("--ca").arg(&p.ca);
+        }
         (_, Some(r)) => {
             cmd.args(["--plain-url", &r.url]);
         }
@@ -362,7 +396,12 @@ fn main() {
     let target = std::env::var("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|_| root.join("target"));
+    let certs = tempfile::tempdir().expect("temp dir");
+    let (ca, cert, key) = test_ca(certs.path());
     let p = Paths {
+        ca,
+        cert,
+        key,
         orca: target.join("release/orca-relay"),
         loadgen: target.join("release/examples/loadgen"),
         c_relay: target.join("release/c_relay"),
@@ -460,6 +499,8 @@ fn main() {
         "ours" => "orca-relay (role all)",
         "cell" => "orca-relay (director+cell)",
         "base" => "orca-relay base (role all)",
+        "tls" => "orca-relay over TLS",
+        "base-tls" => "orca-relay base over TLS",
         "node" => "Node.js ws",
         "c" => "C epoll",
         _ => "no relay (loadgen floor)",
@@ -538,6 +579,7 @@ fn main() {
                    "megabytesPerSecond16KiB": v[2], "framesPerRelayCpuSecond16KiB": v[3]}),
         );
     }
+    ratios(&summary);
     println!(
         "\none-way latency: {} pairs x {} msgs/s x 2 directions = {} msgs/s, {} s per run, senders spread evenly over the period",
         a.latency_pairs,
@@ -588,4 +630,64 @@ fn main() {
         }
     }
     eprintln!("summary: {}", Value::Object(summary));
+}
+
+/// A CA made for this run and a certificate it issued for 127.0.0.1 (ECDSA P-256, as rcgen makes
+/// by default), written to `dir`: (CA PEM, certificate chain, key).
+fn test_ca(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().expect("CA key");
+    let mut cp = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    cp.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    cp.distinguished_name
+        .push(DnType::CommonName, "compare bench CA");
+    let ca = cp.self_signed(&ca_key).expect("CA certificate");
+    let issuer = Issuer::new(cp, ca_key);
+    let key = KeyPair::generate().expect("server key");
+    let names = vec!["127.0.0.1".to_string(), "localhost".to_string()];
+    let sp = CertificateParams::new(names).expect("server params");
+    let cert = sp.signed_by(&key, &issuer).expect("server certificate");
+    let paths = ["ca.pem", "cert.pem", "key.pem"].map(|f| dir.join(f));
+    for (path, pem) in paths
+        .iter()
+        .zip([ca.pem(), cert.pem(), key.serialize_pem()])
+    {
+        std::fs::write(path, pem).expect("write a test certificate");
+    }
+    let [a, b, c] = paths;
+    (a, b, c)
+}
+
+/// The acceptance ratios of the run's medians, where both sides were measured: ours (and base)
+/// per relay CPU-second against the C relay, and over TLS against plain.
+fn ratios(summary: &serde_json::Map<String, Value>) {
+    let get = |k: &str, key: &str| {
+        summary
+            .get(k)
+            .and_then(|v| v.get(key))
+            .and_then(Value::as_f64)
+            .filter(|v| v.is_finite() && *v > 0.0)
+    };
+    let line = |what: String, num: &str, den: &str, keys: [&str; 2]| {
+        let r: Vec<String> = keys
+            .iter()
+            .map(|key| match (get(num, key), get(den, key)) {
+                (Some(n), Some(d)) => format!("{:.2}x", n / d),
+                _ => "-".into(),
+            })
+            .collect();
+        if r.iter().any(|x| x != "-") {
+            println!("{what}: 64 B {}, 16 KiB {}", r[0], r[1]);
+        }
+    };
+    let cpu = ["framesPerRelayCpuSecond64B", "framesPerRelayCpuSecond16KiB"];
+    let rate = ["framesPerSecond64B", "megabytesPerSecond16KiB"];
+    println!();
+    for k in ["ours", "base"] {
+        line(format!("{k} / C epoll per relay CPU-second"), k, "c", cpu);
+    }
+    for (t, k) in [("tls", "ours"), ("base-tls", "base")] {
+        line(format!("{t} / {k} per second"), t, k, rate);
+        line(format!("{t} / {k} per relay CPU-second"), t, k, cpu);
+    }
 }

@@ -1,18 +1,22 @@
 //! Idle memory: starts `orca-relay serve` (a release binary; `--bin`), sets up N idle pairs with the
 //! real protocol and prints the server's RSS per idle WebSocket as JSON. `--base-bin` runs a second
-//! binary (an older build) the same way right after, for a side-by-side figure in one run.
+//! binary (an older build) the same way right after, for a side-by-side figure in one run. `--tls`
+//! measures every binary a second time over its own TLS listener (a test CA's ECDSA P-256
+//! certificate; every leg `wss://`), so one run prints plain and TLS side by side.
 //!
 //! ```text
 //! cargo build --release --bin orca-relay --example idle_bench
-//! target/release/examples/idle_bench --bin target/release/orca-relay --pairs 9000 \
+//! target/release/examples/idle_bench --bin target/release/orca-relay --pairs 9000 --tls \
 //!     [--base-bin /path/to/old/orca-relay] [--env MALLOC_ARENA_MAX=2] [--hold SECS]
 //! ```
 //! `--hold` keeps each run's idle pairs open that many seconds after its figure is printed (for a
 //! heap profiler attached to the server: its live allocations are then the idle state).
 //! The open-file soft limit is raised to the hard limit (each pair is two sockets on both sides).
 
-#[path = "../tests/support/idle.rs"]
-mod idle;
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use support::idle;
 
 use serde_json::json;
 
@@ -24,9 +28,15 @@ async fn main() {
     let mut per_host = 8usize;
     let mut envs = Vec::new();
     let mut hold = 0u64;
+    let mut transports = vec![false];
     let mut i = 0;
-    while i + 1 < argv.len() {
-        let v = argv[i + 1].clone();
+    while i < argv.len() {
+        if argv[i] == "--tls" {
+            transports = vec![false, true];
+            i += 1;
+            continue;
+        }
+        let v = argv.get(i + 1).cloned().expect("flag value");
         match argv[i].as_str() {
             "--bin" => bins[0].1 = v,
             "--base-bin" => bins.push(("base", v)),
@@ -44,11 +54,20 @@ async fn main() {
     let nofile = idle::raise_nofile();
     let mut out = serde_json::Map::new();
     out.insert("openFileLimit".into(), json!(nofile));
-    for (name, bin) in bins {
-        let server = idle::spawn(&bin, &envs);
+    let runs = bins
+        .iter()
+        .flat_map(|(name, bin)| transports.iter().map(move |&tls| (*name, bin.clone(), tls)));
+    for (name, bin, tls) in runs {
+        let name = if tls {
+            format!("{name}Tls")
+        } else {
+            name.to_string()
+        };
+        let server = idle::spawn(&bin, &envs, tls);
         let (m, conns) = idle::measure(&server, pairs, per_host).await;
         let r = json!({
             "bin": bin,
+            "transport": if tls { "tls" } else { "plain" },
             "env": envs.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
             "pairs": m.pairs,
             "webSockets": m.sockets,
@@ -58,7 +77,7 @@ async fn main() {
             "kibPerWebSocket": (m.kib_per_socket() * 100.0).round() / 100.0,
         });
         eprintln!("{name}: {r}");
-        out.insert(name.into(), r);
+        out.insert(name.clone(), r);
         if hold > 0 {
             eprintln!(
                 "{name}: holding {hold} s (server pid {})",

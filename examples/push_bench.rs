@@ -9,8 +9,8 @@
 //! Postgres uses `ORCA_RELAY_TEST_POSTGRES_URL` (a fresh schema, dropped afterwards); `both` (the
 //! default) skips Postgres when it is unset.
 //!
-//! Each host may queue at most 300 events per 15 minutes and make 600 calls a minute (push.md §9,
-//! §13); one send fans out to up to 20 of its registrations and counts once. So the registrations
+//! Each host may queue at most 300 events per 15 minutes and make 600 calls a minute (docs/reference/http.md,
+//! one send fans out to up to 20 of its registrations and counts once. So the registrations
 //! are spread over hosts of `fanout` devices each (own client address each), and every send goes
 //! to all of one host's devices, hosts taken round-robin. `senders` tasks send for `duration`
 //! seconds; then the bench waits until the fake has seen every queued delivery.
@@ -38,7 +38,9 @@
 //! window, accepts and deliveries both), per accept (the backlog queueing, accepts alone) and per
 //! delivered row (the backlog drain, deliveries alone). `load` is `/proc/loadavg` at the start.
 
-#[path = "../tests/support/push/mod.rs"]
+#[path = "common/cpu.rs"]
+mod cpu;
+#[path = "../tests/support/mod.rs"]
 mod support;
 
 use std::collections::BTreeMap;
@@ -46,10 +48,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cpu::{per, CpuMeter};
 use orca_relay::store::testing::TestDb;
-use orca_relay::store::wire::WireSnapshot;
 use serde_json::json;
-use support::{common, fakes, ios_token, server_args, Host, Opts, Server};
+use support::push::{common, fakes, ios_token, server_args, Host, Opts, Server};
 
 /// The binary's allocator, so the relay's CPU figures are the ones production pays.
 #[cfg(unix)]
@@ -119,7 +121,7 @@ async fn main() {
 }
 
 async fn start(db_url: &str, apns: &fakes::Fake, pool: usize) -> Server {
-    support::init_logs();
+    support::push::init_logs();
     let data = orca_relay::store::testing::temp_dir("orca-push-bench");
     let mut args = server_args(
         db_url,
@@ -193,7 +195,7 @@ async fn bench(backend: &str, t: &TestDb, a: &Args) -> serde_json::Value {
     let registrations: usize = hosts_ready.iter().map(|h| h.2.len()).sum();
     let hosts_ready = Arc::new(hosts_ready);
     let db = s.running().ctx.db.clone();
-    let cpu = CpuMeter::new().await;
+    let cpu = CpuMeter::new(&[("senders", "bench-send"), ("fakeApns", "bench-apns")]);
     let wire0 = db.wire_stats();
     let cpu0 = cpu.sample(&t.db).await;
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -430,209 +432,7 @@ impl FakeThread {
     }
 }
 
-/// Wire counters divided by `n` (two decimals).
-fn per(w: WireSnapshot, n: usize) -> serde_json::Value {
-    let d = |x: u64| ((x as f64 / n.max(1) as f64) * 100.0).round() / 100.0;
-    json!({"statements": d(w.statements), "roundTrips": d(w.round_trips), "prepares": d(w.prepares)})
-}
-
-/// CPU time (ticks) of the parts of one run, at one sample.
-#[derive(Clone, Default)]
-struct Cpu {
-    process: u64,
-    senders: u64,
-    fake: u64,
-    /// Per backend pid: a backend born after the earlier sample counts from zero.
-    backends: std::collections::HashMap<u32, u64>,
-    pg_aux: u64,
-    machine_busy: u64,
-    machine_total: u64,
-}
-
-impl Cpu {
-    fn minus(&self, o: &Cpu) -> Delta {
-        Delta {
-            process: self.process - o.process,
-            senders: self.senders.saturating_sub(o.senders),
-            fake: self.fake.saturating_sub(o.fake),
-            backends: self
-                .backends
-                .iter()
-                .map(|(p, t)| t.saturating_sub(o.backends.get(p).copied().unwrap_or(0)))
-                .sum(),
-            pg_aux: self.pg_aux.saturating_sub(o.pg_aux),
-            machine_busy: self.machine_busy - o.machine_busy,
-            machine_total: self.machine_total - o.machine_total,
-        }
-    }
-}
-
-/// CPU ticks spent between two samples.
-struct Delta {
-    process: u64,
-    senders: u64,
-    fake: u64,
-    backends: u64,
-    pg_aux: u64,
-    machine_busy: u64,
-    machine_total: u64,
-}
-
-impl Delta {
-    /// µs per item of each part; `machineBusyCores` = busy share × cores over the window.
-    fn per(&self, n: usize) -> serde_json::Value {
-        let tick_us = 1e6 / ticks_per_second();
-        let us = |t: u64| (t as f64 * tick_us / n.max(1) as f64).round();
-        let relay = self.process.saturating_sub(self.senders + self.fake);
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-        json!({
-            "relay": us(relay),
-            "senders": us(self.senders),
-            "fakeApns": us(self.fake),
-            "postgresBackends": us(self.backends),
-            "postgresWalAndWriters": us(self.pg_aux),
-            "machineBusyCores": ((self.machine_busy as f64 / self.machine_total.max(1) as f64) * cores * 100.0).round() / 100.0,
-        })
-    }
-}
-
-fn ticks_per_second() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as f64
-    } else {
-        100.0
-    }
-}
-
-/// `utime + stime` from a `/proc/…/stat` file.
-fn stat_ticks(path: &str) -> Option<u64> {
-    let s = std::fs::read_to_string(path).ok()?;
-    let rest = &s[s.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-}
-
-/// Samples the CPU of this process's threads, of the Postgres backends serving this process
-/// and of Postgres' background writers.
-struct CpuMeter {
-    /// Postgres' WAL writer, checkpointer and background writer.
-    aux: Vec<u32>,
-}
-
-impl CpuMeter {
-    async fn new() -> CpuMeter {
-        let mut aux = Vec::new();
-        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let cmd = String::from_utf8_lossy(&cmd);
-            if cmd.starts_with("postgres: ")
-                && ["walwriter", "checkpointer", "background writer"]
-                    .iter()
-                    .any(|w| cmd.contains(w))
-            {
-                aux.push(pid);
-            }
-        }
-        CpuMeter { aux }
-    }
-
-    async fn sample(&self, db: &orca_relay::store::Db) -> Cpu {
-        let mut c = Cpu {
-            process: stat_ticks("/proc/self/stat").unwrap_or(0),
-            ..Default::default()
-        };
-        for e in std::fs::read_dir("/proc/self/task")
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let dir = e.path();
-            let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
-            let ticks = stat_ticks(&dir.join("stat").to_string_lossy()).unwrap_or(0);
-            match comm.trim() {
-                "bench-send" => c.senders += ticks,
-                "bench-apns" => c.fake += ticks,
-                _ => {}
-            }
-        }
-        c.pg_aux = self
-            .aux
-            .iter()
-            .filter_map(|p| stat_ticks(&format!("/proc/{p}/stat")))
-            .sum();
-        for pid in backend_pids(db).await {
-            if let Some(t) = stat_ticks(&format!("/proc/{pid}/stat")) {
-                c.backends.insert(pid, t);
-            }
-        }
-        if let Ok(stat) = std::fs::read_to_string("/proc/stat") {
-            let f: Vec<u64> = stat
-                .lines()
-                .next()
-                .unwrap_or("")
-                .split_whitespace()
-                .skip(1)
-                .filter_map(|x| x.parse().ok())
-                .collect();
-            // user nice system idle iowait irq softirq steal
-            c.machine_total = f.iter().take(8).sum();
-            c.machine_busy = c.machine_total - f.get(3).unwrap_or(&0) - f.get(4).unwrap_or(&0);
-        }
-        c
-    }
-}
-
-/// Pids of the Postgres backends whose client sockets belong to this process (SQLite: none).
-async fn backend_pids(db: &orca_relay::store::Db) -> Vec<u32> {
-    if db.kind() != orca_relay::store::DbKind::Postgres {
-        return Vec::new();
-    }
-    let mut inodes = std::collections::HashSet::new();
-    for e in std::fs::read_dir("/proc/self/fd")
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        if let Ok(l) = std::fs::read_link(e.path()) {
-            let l = l.to_string_lossy().to_string();
-            if let Some(i) = l.strip_prefix("socket:[").and_then(|x| x.strip_suffix(']')) {
-                inodes.insert(i.to_string());
-            }
-        }
-    }
-    let mut ports = std::collections::HashSet::new();
-    for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
-        let text = std::fs::read_to_string(table).unwrap_or_default();
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() > 9 && inodes.contains(f[9]) {
-                if let Some(p) = f[1].rsplit(':').next() {
-                    if let Ok(p) = i64::from_str_radix(p, 16) {
-                        ports.insert(p);
-                    }
-                }
-            }
-        }
-    }
-    let rows = db
-        .query(
-            "SELECT pid, client_port FROM pg_stat_activity WHERE client_port IS NOT NULL",
-            &[],
-        )
-        .await
-        .unwrap_or_default();
-    rows.iter()
-        .filter(|r| ports.contains(&r.i64(1)))
-        .map(|r| r.i64(0) as u32)
-        .collect()
-}
-
-/// A distinct alert per send (not `support::alert`, which records its texts for the log scan).
+/// A distinct alert per send (not `support::push::alert`, which records its texts for the log scan).
 fn bench_alert(k: usize) -> serde_json::Value {
     json!({"notificationId":format!("b{k}"),"notificationSeq":k,"notificationEpoch":"epoch-1",
         "source":"agent-task-complete","agentState":"finished","title":format!("Title {k}"),

@@ -3,7 +3,7 @@
 //! database; every cell is rolled in turn exactly as `orca-relay admin roll` does it (roll-isolate,
 //! paced drain, stop, new incarnation, restore `general`), with a supervisor restarting the stopped
 //! process like `Restart=always`. Hosts reconnect as the Orca desktop does: on the cell's `drain`
-//! they close the control and re-resolve through a director (`reconnect:true`, director.md §6.1;
+//! they close the control and re-resolve through a director (`reconnect:true`, docs/deploy/cluster.md;
 //! `--on-drain hold` keeps the control until the cell closes it at the grace instead), retry with
 //! backoff (100 ms doubling to 2 s, ±20 %), the directors in turn after a failure.
 //!
@@ -19,10 +19,9 @@
 //! exits non-zero when double serving was seen, a sample failed, an epoch went down or a roll
 //! failed. The goal is no host without a grant for longer than one heartbeat interval (15 s).
 
-#[path = "../tests/support/region.rs"]
-mod region;
-#[path = "../tests/support/roll_sampler.rs"]
-mod roll_sampler;
+#[path = "../tests/support/mod.rs"]
+mod support;
+use support::{region, roll_sampler};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -58,7 +57,7 @@ struct Args {
     #[arg(long)]
     cell_pool_max: Option<usize>,
     /// What a host does when its cell sends `drain`: `leave` closes the control and re-resolves at
-    /// once (director.md §6.1, the desktop); `hold` keeps it until the cell closes it at the grace.
+    /// once (docs/deploy/cluster.md, the desktop); `hold` keeps it until the cell closes it at the grace.
     #[arg(long, default_value = "leave", value_parser = ["leave", "hold"])]
     on_drain: String,
     /// Invariant sampler period (ms).

@@ -14,8 +14,9 @@
 //! The per-pairing source (`X-Forwarded-For`) needs the server to trust one proxy hop, which the
 //! started server does. `tests/soak_short.rs` runs the same code for about a minute in CI.
 
-#[path = "../tests/support/soak.rs"]
-mod soak;
+#[path = "../tests/support/mod.rs"]
+mod support;
+use support::soak;
 
 use std::time::Duration;
 

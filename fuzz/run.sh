@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds every fuzz target and runs each for a bounded time (README § Fuzzing). The whole step,
+# Builds every fuzz target and runs each for a bounded time (docs/development.md, Fuzzing). The whole step,
 # build included, aims at FUZZ_BUDGET_S seconds (default 300): what the build leaves is shared
 # evenly between the targets, at least FUZZ_MIN_S (default 5) each. A crash fails the run and
 # leaves its input in fuzz/artifacts/<target>/. Prints the executions each target reached.

@@ -30,7 +30,7 @@ pub struct Shared {
     pub db: Db,
     pub metrics: Arc<Metrics>,
     pub readiness: Readiness,
-    /// UUID v4 minted once per process: the cell incarnation (protocol.md §12).
+    /// UUID v4 minted once per process: the cell incarnation (docs/reference/http.md).
     pub incarnation: String,
     /// Process start, epoch ms.
     pub started_at: i64,

@@ -1,4 +1,4 @@
-//! Operator commands that call a running server (operations.md §5): `admin …` and `host-token`.
+//! Operator commands that call a running server (README.md): `admin …` and `host-token`.
 //!
 //! Tokens come from the environment or, on a single-node install, from `<data dir>/secrets.json`;
 //! they are sent as bearers and never printed.
@@ -8,6 +8,11 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
+pub mod backup;
+pub mod config_cmd;
+pub mod fields;
+pub mod health;
+pub mod net;
 pub mod roll;
 
 /// The server origin when neither `--url` nor `ORCA_RELAY_URL` names one.
@@ -82,7 +87,7 @@ pub enum AdminCommand {
         /// general, migration-only or existing-only.
         #[arg(long)]
         state: String,
-        /// Set (true) or clear (false) the roll-isolation stamp [default: absent, stamp rule §6.2].
+        /// Set (true) or clear (false) the roll-isolation stamp [default: absent, stamp rule].
         #[arg(long)]
         roll_isolated: Option<bool>,
     },
@@ -112,7 +117,7 @@ pub enum AdminCommand {
     /// GET /v1/admin/overview.
     #[command(after_help = ADMIN_ENV_HELP)]
     Overview,
-    /// Rolling restart of a cell (director.md §6.1): isolate with the roll stamp, paced drain,
+    /// Rolling restart of a cell (docs/deploy/cluster.md): isolate with the roll stamp, paced drain,
     /// restart, wait for a new live incarnation, restore general.
     #[command(after_help = ADMIN_ENV_HELP)]
     Roll(roll::RollArgs),
@@ -151,6 +156,49 @@ async fn call(
     bearer: &str,
     body: Option<Value>,
 ) -> Result<Value, String> {
+    call_detailed(method, url, bearer, body)
+        .await
+        .map_err(|e| e.message)
+}
+
+/// A failed admin call, with the one fact `admin roll` needs: whether the connection was refused
+/// (nothing listens: the process is not running), as opposed to any answer, timeout or other
+/// failure (the process may well be running).
+#[derive(Debug, Clone)]
+struct CallError {
+    refused: bool,
+    message: String,
+}
+
+impl From<String> for CallError {
+    fn from(message: String) -> Self {
+        CallError {
+            refused: false,
+            message,
+        }
+    }
+}
+
+/// True when an `io::Error` of kind `ConnectionRefused` is somewhere in the error's source chain.
+fn connection_refused(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::ConnectionRefused {
+                return true;
+            }
+        }
+        cur = err.source();
+    }
+    false
+}
+
+async fn call_detailed(
+    method: reqwest::Method,
+    url: String,
+    bearer: &str,
+    body: Option<Value>,
+) -> Result<Value, CallError> {
     // An https server with a private CA: the same extra CA file the cluster uses.
     let extra = tokio::task::spawn_blocking(|| {
         crate::tls::parse_extra_ca(&crate::tls::TlsArgs {
@@ -166,19 +214,23 @@ async fn call(
     if let Some(b) = body {
         req = req.json(&b);
     }
-    let resp = req.send().await.map_err(|e| format!("{url}: {e}"))?;
+    let resp = req.send().await.map_err(|e| CallError {
+        refused: connection_refused(&e),
+        message: net::unreachable(&url, &e),
+    })?;
     let status = resp.status();
-    let text = resp.text().await.map_err(|e| e.to_string())?;
+    let text = resp.text().await.map_err(|e| net::unreachable(&url, &e))?;
     let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
     if status.is_success() {
         Ok(value)
     } else {
-        Err(format!("{status}: {value}"))
+        Err(net::refusal(&url, status, &value).into())
     }
 }
 
 /// Runs an admin command; prints the answer; `Err` = non-zero exit.
 pub async fn admin(t: &Target, cmd: &AdminCommand) -> Result<(), String> {
+    fields::check_admin(cmd)?;
     let token = admin_token(t)?;
     let base = t.base();
     let base = base.as_str();
@@ -261,6 +313,9 @@ pub async fn host_token(t: &Target, key_b64: &str, user_id: Option<&str>) -> Res
         "hostPublicKeyB64": key_b64,
     });
     if let Some(u) = user_id {
+        if !crate::contract::validate::is_opaque_id(u) {
+            return Err(format!("--user-id must be 1..128 characters, got {u:?}"));
+        }
         body["userId"] = json!(u);
     }
     let bearer = self_hosted_key(t)?;

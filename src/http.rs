@@ -156,7 +156,7 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     Some(token)
 }
 
-/// The client source of README §1.2 / push.md §9: with `hops` = 0 the peer IP; otherwise the
+/// The client source of docs/reference/websocket.md / docs/reference/http.md: with `hops` = 0 the peer IP; otherwise the
 /// `hops`-th `X-Forwarded-For` entry from the right (as text), or the peer IP when too few.
 pub fn client_source(peer: SocketAddr, headers: &HeaderMap, hops: usize) -> String {
     if hops > 0 {
@@ -185,6 +185,14 @@ pub fn is_admin(headers: &HeaderMap, admin_token: Option<&str>) -> bool {
     }
 }
 
+/// Constant-time check of a bearer that may read (`/metrics` and the dashboard's views): the
+/// admin token or the read-only metrics token. Both comparisons always run. Never use this for an
+/// action: actions take [`is_admin`] only.
+pub fn is_reader(headers: &HeaderMap, secrets: &crate::config::Secrets) -> bool {
+    is_admin(headers, secrets.admin_token.as_deref())
+        | is_admin(headers, secrets.metrics_token.as_deref())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,6 +218,26 @@ mod tests {
         assert_eq!(bearer(&headers(&[("authorization", "Bearer  abc")])), None);
         assert_eq!(bearer(&headers(&[("authorization", "Bearer a b")])), None);
         assert_eq!(bearer(&headers(&[])), None);
+    }
+
+    #[test]
+    fn reader_rule() {
+        let secrets = crate::config::Secrets {
+            admin_token: Some("a".repeat(32)),
+            metrics_token: Some("m".repeat(32)),
+            ..Default::default()
+        };
+        let with = |t: &str| headers(&[("authorization", &format!("Bearer {t}"))]);
+        assert!(is_reader(&with(&"a".repeat(32)), &secrets));
+        assert!(is_reader(&with(&"m".repeat(32)), &secrets));
+        assert!(!is_admin(
+            &with(&"m".repeat(32)),
+            secrets.admin_token.as_deref()
+        ));
+        assert!(!is_reader(&with(&"m".repeat(31)), &secrets));
+        assert!(!is_reader(&headers(&[]), &secrets));
+        let none = crate::config::Secrets::default();
+        assert!(!is_reader(&with(&"m".repeat(32)), &none));
     }
 
     #[test]

@@ -10,6 +10,7 @@
 // No unsafe anywhere in the relay: the only `libc` calls (signals to child processes) are in tests.
 #![forbid(unsafe_code)]
 
+pub mod advertise;
 pub mod app;
 pub mod cell;
 pub mod cli;
@@ -19,6 +20,7 @@ pub mod contract;
 pub mod crypto;
 pub mod dashboard;
 pub mod director;
+pub mod flags;
 pub mod http;
 pub mod leg;
 pub mod logging;

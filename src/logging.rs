@@ -1,4 +1,4 @@
-//! Log helpers that apply the redaction rules (README §6) by construction.
+//! Log helpers that apply the redaction rules (docs/reference/http.md) by construction.
 //!
 //! A host appears only as [`digest`]; structured lines are one JSON object with an `event` key, built
 //! by [`event`], so adding a log line cannot leak a token by accident as long as callers pass
@@ -33,7 +33,7 @@ pub fn event_line(name: &str, fields: Value) -> String {
 
 /// Initialises env_logger with `RUST_LOG` (default `info`), once.
 ///
-/// Every line keeps env_logger's header (`[time LEVEL target]`) and then follows README §6 even
+/// Every line keeps env_logger's header (`[time LEVEL target]`) and then follows docs/reference/http.md even
 /// when it comes from a dependency: see [`line_body`]. Dependencies (tokio-postgres, deadpool,
 /// hyper, rustls, …) are admitted at `info` and above only, whatever `RUST_LOG` says, because their
 /// debug and trace output carries statement parameters, headers and payloads (see [`admitted`]).
@@ -93,7 +93,7 @@ pub fn admitted(target: &str, level: log::Level) -> bool {
 /// Longest dependency message kept (the rest is cut at a character boundary).
 const DEPENDENCY_MESSAGE_MAX: usize = 300;
 
-/// The text after env_logger's header, in the README §6 form: a plain line starting with
+/// The text after env_logger's header, in the docs/reference/http.md form: a plain line starting with
 /// `[orca-relay]`/`[orca-push]` or one JSON object with an `event` key, on one line.
 ///
 /// Our own conforming lines pass unchanged; our own other lines (debug details) get the prefix of
@@ -158,6 +158,11 @@ pub fn store_event(e: crate::store::StoreEvent<'_>) {
         } => event_warn(
             "orca_relay_postgres_transaction_retry_exhausted",
             serde_json::json!({"code": code, "attempts": attempts, "phase": phase}),
+        ),
+        StoreEvent::TimelineSettled(s) => event_warn(
+            "orca_relay_postgres_timeline_settled",
+            serde_json::json!({"fromTimeline": s.from, "toTimeline": s.to, "epochJump": s.jump,
+                "hosts": s.hosts}),
         ),
     }
 }

@@ -1,12 +1,14 @@
-//! `orca-relay`: serve, migrate, admin and host-token commands (operations.md §5).
+//! `orca-relay`: serve, migrate, admin and host-token commands (README.md).
 
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use orca_relay::cli;
-use orca_relay::config::{Config, ServeArgs};
+use orca_relay::cli::config_cmd::ConfigCommand;
+use orca_relay::config::layers::{self, Layered};
+use orca_relay::config::{file, Config, ServeArgs};
 
 /// jemalloc, with its background threads purging freed pages (enabled first thing in `main`):
 /// under churn glibc's malloc kept the peaks' freed memory resident, ~11 % over the idle baseline
@@ -38,6 +40,20 @@ enum Command {
     Serve(ServeArgs),
     /// Apply pending schema migrations to ORCA_RELAY_DATABASE_URL and exit.
     Migrate(ServeArgs),
+    /// Copy the embedded SQLite database (online, while the server runs) and the secrets file
+    /// into a new directory.
+    Backup {
+        /// The directory to write (created; must be new or empty).
+        #[arg(long)]
+        to: std::path::PathBuf,
+        #[command(flatten)]
+        serve: ServeArgs,
+    },
+    /// Check or print the effective configuration (file, environment, flags).
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
     /// Call the operator routes of a running server and print the answer.
     #[command(after_help = cli::ADMIN_ENV_HELP)]
     Admin {
@@ -46,6 +62,9 @@ enum Command {
         #[command(subcommand)]
         command: cli::AdminCommand,
     },
+    /// GET /ready on a server (this machine's listener by default): exit 0 only on 200.
+    #[command(after_help = cli::health::HEALTH_ENV_HELP)]
+    Health(cli::health::HealthArgs),
     /// Mint a self-hosted host token against a running server (development aid).
     #[command(after_help = cli::HOST_TOKEN_ENV_HELP)]
     HostToken {
@@ -66,15 +85,49 @@ fn main() -> ExitCode {
     if let Err(e) = tikv_jemalloc_ctl::background_thread::write(true) {
         log::warn!("[orca-relay] allocator background purging unavailable: {e}");
     }
-    let cli = Cli::parse();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let first = Cli::command().get_matches_from(argv.clone());
+    // The configuration file becomes the settings' defaults, beneath variables and flags.
+    let config_file = match settings_matches(&first).and_then(layers::config_path) {
+        None => None,
+        Some(path) => match file::load(&path) {
+            Ok(f) => Some(f),
+            Err(problems) => return refuse(&problems),
+        },
+    };
+    let matches = match &config_file {
+        Some(f) => layers::with_file_defaults(Cli::command(), f).get_matches_from(argv),
+        None => first,
+    };
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let sub = settings_matches(&matches).unwrap_or(&matches);
+    let layered = |args: ServeArgs| {
+        layers::resolve(args, sub, config_file.as_ref(), &|k| std::env::var_os(k))
+    };
+    if !matches!(cli.command, Some(Command::Config { .. })) {
+        for w in orca_relay::config::env_scan::process_warnings() {
+            log::warn!("[orca-relay] {w}");
+        }
+    }
     match cli.command {
-        None => serve(&cli.serve),
-        Some(Command::Serve(args)) => serve(&args),
-        Some(Command::Migrate(args)) => migrate(&args),
+        None => serve(layered(cli.serve)),
+        Some(Command::Serve(args)) => serve(layered(args)),
+        Some(Command::Migrate(args)) => migrate(layered(args)),
+        Some(Command::Config { command }) => {
+            let args = match &command {
+                ConfigCommand::Check(a) | ConfigCommand::Print(a) => a.clone(),
+            };
+            ExitCode::from(cli::config_cmd::run(&command, layered(args)))
+        }
+        Some(Command::Backup { to, serve }) => match layered(serve) {
+            Ok(l) => backup(&l.args, &to),
+            Err(p) => refuse(&p),
+        },
         Some(Command::Admin { target, command }) => {
             let target = target.or(Some(cli.url), Some(cli.serve.data_dir.into()));
             report(runtime().block_on(cli::admin(&target, &command)))
         }
+        Some(Command::Health(args)) => health(&args, &cli.url),
         Some(Command::HostToken {
             target,
             key,
@@ -96,9 +149,29 @@ fn report(r: Result<(), String>) -> ExitCode {
     }
 }
 
-fn load(args: &ServeArgs) -> Result<Config, ExitCode> {
-    Config::from_args(args).map_err(|e| {
-        eprintln!("{e}");
+/// The matches holding `serve`'s settings: the subcommand's, or the top level's.
+fn settings_matches(m: &ArgMatches) -> Option<&ArgMatches> {
+    match m.subcommand() {
+        Some(("serve" | "migrate" | "backup", s)) => Some(s),
+        Some(("config", c)) => c.subcommand().map(|(_, s)| s),
+        Some(_) => None,
+        None => Some(m),
+    }
+}
+
+fn refuse(problems: &[orca_relay::config::ConfigError]) -> ExitCode {
+    for p in problems {
+        eprintln!("{p}");
+    }
+    ExitCode::from(2)
+}
+
+fn load(
+    layered: Result<Layered, Vec<orca_relay::config::ConfigError>>,
+) -> Result<Config, ExitCode> {
+    let layered = layered.map_err(|p| refuse(&p))?;
+    Config::from_args(&layered.args).map_err(|e| {
+        eprintln!("{}", cli::config_cmd::explain(&e, &layered));
         ExitCode::from(2)
     })
 }
@@ -110,7 +183,7 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
-fn serve(args: &ServeArgs) -> ExitCode {
+fn serve(args: Result<Layered, Vec<orca_relay::config::ConfigError>>) -> ExitCode {
     // Configuration (and the secrets file) is read before the runtime starts: no blocking file I/O
     // on a tokio worker.
     let config = match load(args) {
@@ -121,13 +194,21 @@ fn serve(args: &ServeArgs) -> ExitCode {
     ExitCode::from(status as u8)
 }
 
-fn migrate(args: &ServeArgs) -> ExitCode {
-    let config = match load(args) {
-        Ok(c) => c,
-        Err(code) => return code,
+/// Reads only the database settings: no secrets or role settings are needed to migrate.
+fn migrate(layered: Result<Layered, Vec<orca_relay::config::ConfigError>>) -> ExitCode {
+    let layered = match layered {
+        Ok(l) => l,
+        Err(p) => return refuse(&p),
+    };
+    let (database_url, _) = match orca_relay::config::database_settings(&layered.args) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("{}", cli::config_cmd::explain(&e, &layered));
+            return ExitCode::from(2);
+        }
     };
     runtime().block_on(async move {
-        let db = match orca_relay::store::Db::connect(&config.database_url, 2).await {
+        let db = match orca_relay::store::Db::connect(&database_url, 2).await {
             Ok(db) => db,
             Err(e) => {
                 eprintln!("ORCA_RELAY_DATABASE_URL: cannot open the database: {e}");
@@ -141,9 +222,65 @@ fn migrate(args: &ServeArgs) -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("ORCA_RELAY_DATABASE_URL: migration failed: {e}");
+                eprintln!("ORCA_RELAY_DATABASE_URL: {e}");
                 ExitCode::from(1)
             }
         }
     })
+}
+
+fn backup(args: &ServeArgs, to: &std::path::Path) -> ExitCode {
+    let data_dir = std::path::PathBuf::from(args.data_dir.trim());
+    let url = match args.database_url.as_deref().map(str::trim) {
+        Some(u) if !u.is_empty() => u.to_string(),
+        _ => format!("sqlite://{}", data_dir.join(cli::backup::DB_FILE).display()),
+    };
+    match cli::backup::backup(&url, &data_dir, to, orca_relay::clock::now_ms()) {
+        Ok(w) => {
+            println!(
+                "[orca-relay] backup written: {} ({} pages){}",
+                w.database.display(),
+                w.pages,
+                match &w.secrets {
+                    Some(p) => format!(", {}", p.display()),
+                    None => String::new(),
+                }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn health(args: &cli::health::HealthArgs, top_url: &str) -> ExitCode {
+    // `--url` after `health`, else the top-level `--url` / ORCA_RELAY_URL when either names one,
+    // else this machine's own listener.
+    let explicit = args.url.clone().or_else(|| {
+        (std::env::var_os("ORCA_RELAY_URL").is_some() || top_url != cli::DEFAULT_URL)
+            .then(|| top_url.to_string())
+    });
+    let probe = match explicit {
+        Some(u) => cli::health::explicit(&u),
+        None => cli::health::local(&cli::health::Local::from_env()),
+    };
+    let probe = match probe {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (ok, line) = runtime().block_on(cli::health::probe(
+        &probe,
+        std::time::Duration::from_secs(args.timeout),
+    ));
+    println!("{line}");
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
 }

@@ -1,4 +1,4 @@
-//! `GET /ready` (operations.md §1): a cached, single-flight database probe with a grace period.
+//! `GET /ready` (docs/reference/http.md): a cached, single-flight database probe with a grace period.
 //!
 //! The verdict is cached for 10 s and computed by one caller at a time. A database that answered
 //! within the grace window and fails now yields `degraded` instead of `503`, so one blip does not
@@ -17,12 +17,15 @@ pub enum Verdict {
     /// The database fails now but answered within the grace window.
     Degraded,
     Unavailable,
+    /// The TLS listener has no certificate to serve (ACME has not obtained one yet): nobody can
+    /// reach this process, whatever its database says.
+    TlsUnavailable,
 }
 
 impl Verdict {
     /// True unless unavailable (degraded still serves).
     pub fn is_ready(self) -> bool {
-        !matches!(self, Verdict::Unavailable)
+        !matches!(self, Verdict::Unavailable | Verdict::TlsUnavailable)
     }
 }
 
@@ -31,7 +34,12 @@ pub struct Readiness {
     grace_ms: u64,
     state: Mutex<State>,
     probe: tokio::sync::Mutex<()>,
+    /// Whether the TLS listener can serve a handshake, when TLS is on.
+    tls_serving: std::sync::OnceLock<TlsServing>,
 }
+
+/// Answers whether the TLS listener holds a certificate now.
+pub type TlsServing = Box<dyn Fn() -> bool + Send + Sync>;
 
 #[derive(Default)]
 struct State {
@@ -46,7 +54,13 @@ impl Readiness {
             grace_ms,
             state: Mutex::new(State::default()),
             probe: tokio::sync::Mutex::new(()),
+            tls_serving: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Makes readiness depend on the TLS listener: not ready while `serving` answers false.
+    pub fn gate_on_tls(&self, serving: TlsServing) {
+        let _ = self.tls_serving.set(serving);
     }
 
     fn cached(&self) -> Option<Verdict> {
@@ -58,6 +72,9 @@ impl Readiness {
 
     /// The current verdict, probing the database at most once per cache period.
     pub async fn check(&self) -> Verdict {
+        if self.tls_serving.get().is_some_and(|serving| !serving()) {
+            return Verdict::TlsUnavailable;
+        }
         if let Some(v) = self.cached() {
             return v;
         }
@@ -86,5 +103,28 @@ impl Readiness {
         };
         st.cached = Some((now, verdict));
         verdict
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    /// A TLS listener without a certificate makes the process not ready, whatever the database
+    /// says, and ready again as soon as a certificate is held.
+    #[tokio::test]
+    async fn no_tls_certificate_is_not_ready() {
+        let t = crate::store::testing::TestDb::sqlite().await;
+        let r = Readiness::new(t.db.clone(), 0);
+        assert_eq!(r.check().await, Verdict::Ready);
+        let serving = Arc::new(AtomicBool::new(false));
+        let s = serving.clone();
+        r.gate_on_tls(Box::new(move || s.load(Ordering::SeqCst)));
+        assert_eq!(r.check().await, Verdict::TlsUnavailable);
+        assert!(!Verdict::TlsUnavailable.is_ready());
+        serving.store(true, Ordering::SeqCst);
+        assert_eq!(r.check().await, Verdict::Ready);
     }
 }

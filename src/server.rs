@@ -1,9 +1,11 @@
-//! One listener for every role of the process, and the shutdown sequence (operations.md §6).
+//! One listener for every role of the process, and the shutdown sequence (docs/operations.md).
 //!
 //! Connections are served by hyper directly: WebSocket leg paths go to the cell (or the director's
-//! invite redirect) with the raw upgrade gates of protocol.md §1.1; everything else goes to the warp
+//! invite redirect) with the raw upgrade gates of docs/reference/websocket.md; everything else goes to the warp
 //! filter tree assembled here from the roles this process runs. A path that belongs to a role this
 //! process does not run answers `404 {"error":"<role>_only"}`.
+
+mod busy;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -70,7 +72,7 @@ fn path_in(path: &str, table: &[&str]) -> bool {
         .any(|p| path == *p || (p.ends_with('/') && path.starts_with(p)))
 }
 
-/// Is `path` one of the three WebSocket legs (protocol.md §1)?
+/// Is `path` one of the three WebSocket legs (docs/reference/websocket.md)?
 pub fn is_leg_path(path: &str) -> bool {
     path == "/v1/host/control"
         || path.starts_with("/v1/host/control")
@@ -101,21 +103,18 @@ pub async fn start(mut config: Config) -> Result<Running, String> {
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     config.adopt_bound_port(addr.port());
 
-    let read_only = config.push.mode == crate::config::PushMode::Validation;
-    let db = Db::connect_with(&config.database_url, config.database_pool_max, read_only)
-        .await
-        .map_err(|e| format!("ORCA_RELAY_DATABASE_URL: cannot open the database: {e}"))?;
-    let owns_schema = config.roles.director || config.roles.push;
-    if owns_schema && !read_only {
-        migrate::apply(&db, crate::clock::now_ms())
-            .await
-            .map_err(|e| format!("ORCA_RELAY_DATABASE_URL: migration failed: {e}"))?;
-    }
+    let db = open_database(&config).await?;
     let metrics = Arc::new(Metrics::new());
-    db.observe_with(metrics.db_seconds.clone());
+    db.observe_with(metrics.db_seconds.clone(), metrics.db_errors.clone());
     let ctx = Ctx::new(config, db, metrics);
     let roles = ctx.config.roles;
     let tls = start_tls(&ctx)?;
+    if let Some(t) = &tls {
+        // Not ready (no `/ready`, no ready heartbeat) while the listener has no certificate.
+        let resolver = t.resolver.clone();
+        ctx.readiness
+            .gate_on_tls(Box::new(move || resolver.current().is_some()));
+    }
 
     let director = if roles.director {
         Some(Director::start(ctx.clone()).await?)
@@ -136,22 +135,6 @@ pub async fn start(mut config: Config) -> Result<Running, String> {
         d.attach_push_overview(p.clone());
     }
 
-    if let Some(path) = &ctx.config.secrets_file {
-        log::info!("[orca-relay] secrets file: {}", path.display());
-    }
-    logging::event(
-        "orca_relay_process_started",
-        serde_json::json!({
-            "roles": roles.names(),
-            "cellId": if roles.cell { Some(&ctx.config.cell_id) } else { None },
-            "incarnation": ctx.incarnation,
-            "database": ctx.config.database_kind(),
-            "listen": addr.to_string(),
-        }),
-    );
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    log::info!("[orca-relay] listening on {scheme}://{addr}");
-
     let filter = routes(&ctx, director.as_ref(), cell.as_ref(), push.as_ref());
     if let Some(maddr) = ctx.config.metrics_listen {
         let metrics_tls = tls
@@ -159,6 +142,8 @@ pub async fn start(mut config: Config) -> Result<Running, String> {
             .filter(|_| ctx.config.tls.as_ref().is_some_and(|t| t.metrics_tls));
         spawn_metrics_listener(ctx.clone(), maddr, metrics_tls).await?;
     }
+    // Announced once every listener is bound: whoever waits for this line can use them all.
+    announce(&ctx, addr, tls.is_some());
     let http = TaskTracker::new();
     let accept = ctx.spawn(
         "accept",
@@ -181,6 +166,80 @@ pub async fn start(mut config: Config) -> Result<Running, String> {
         accept,
         http,
     })
+}
+
+/// Opens the database and brings it to this release: a director or push process (not in
+/// validation mode) applies the migrations and settles a restored backup; any other process only
+/// checks the schema is not newer than it knows.
+async fn open_database(config: &Config) -> Result<Db, String> {
+    let read_only = config.push.mode == crate::config::PushMode::Validation;
+    let db = Db::connect_with(&config.database_url, config.database_pool_max, read_only)
+        .await
+        .map_err(|e| format!("ORCA_RELAY_DATABASE_URL: cannot open the database: {e}"))?;
+    let owns_schema = config.roles.director || config.roles.push;
+    if owns_schema && !read_only {
+        migrate::apply(&db, crate::clock::now_ms())
+            .await
+            .map_err(|e| format!("ORCA_RELAY_DATABASE_URL: {e}"))?;
+    } else {
+        // A process that does not migrate still refuses a schema newer than it knows.
+        let found = migrate::check(&db)
+            .await
+            .map_err(|e| format!("ORCA_RELAY_DATABASE_URL: {e}"))?;
+        let known = migrate::known_version(db.kind());
+        if found < known {
+            log::warn!(
+                "[orca-relay] database schema at version {found}, this release expects {known}: \
+                 a director or `orca-relay migrate` applies the rest"
+            );
+        }
+    }
+    if owns_schema && !read_only {
+        // A database restored from `orca-relay backup`: advance epochs and generations past what
+        // could have been issued since the copy, once, before any role starts (store::restore).
+        let settled = crate::store::restore::settle(&db, crate::clock::now_ms())
+            .await
+            .map_err(|e| {
+                format!("ORCA_RELAY_DATABASE_URL: settling the restored backup failed: {e}")
+            })?;
+        if let Some(s) = settled {
+            logging::event(
+                "orca_relay_restore_settled",
+                serde_json::json!({"takenAt": s.taken_at, "epochJump": s.jump, "hosts": s.hosts}),
+            );
+        }
+    }
+    Ok(db)
+}
+
+/// Logs the start: the process-started event, the listening address and the advertised URLs
+/// (with the plain-http warning).
+fn announce(ctx: &Ctx, addr: SocketAddr, tls: bool) {
+    let roles = ctx.config.roles;
+    if let Some(path) = &ctx.config.secrets_file {
+        log::info!("[orca-relay] secrets file: {}", path.display());
+    }
+    logging::event(
+        "orca_relay_process_started",
+        serde_json::json!({
+            "roles": roles.names(),
+            "cellId": if roles.cell { Some(&ctx.config.cell_id) } else { None },
+            "incarnation": ctx.incarnation,
+            "database": ctx.config.database_kind(),
+            "listen": addr.to_string(),
+        }),
+    );
+    let scheme = if tls { "https" } else { "http" };
+    log::info!("[orca-relay] listening on {scheme}://{addr}");
+    let (urls, plain) = crate::advertise::startup_lines(
+        addr,
+        &ctx.config.public_url,
+        roles.cell.then_some(ctx.config.cell_url.as_str()),
+    );
+    log::info!("{urls}");
+    if let Some(w) = plain {
+        log::warn!("{w}");
+    }
 }
 
 /// Where the local cell's heartbeats go: the director at `ORCA_RELAY_DIRECTOR_URL` over HTTP if
@@ -338,11 +397,12 @@ async fn accept_loop(
     let slots = Arc::new(tokio::sync::Semaphore::new(
         crate::contract::limits::HTTP_CONNECTIONS_MAX,
     ));
+    let busy = busy::Busy::new(&ctx.metrics, tls.clone());
     loop {
         let (stream, peer) = accept_with_backoff(|| listener.accept(), "listener").await;
-        // Bounded HTTP connections: over the bound the socket is closed at once (its fd freed).
+        // Bounded HTTP connections: over the bound the connection is answered 503 or closed.
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            drop(stream);
+            busy.refuse(stream, &http);
             continue;
         };
         let _ = stream.set_nodelay(true);
@@ -420,7 +480,9 @@ impl Conn {
         });
         let conn = http1::Builder::new()
             .timer(TokioTimer::new())
-            .header_read_timeout(Duration::from_secs(10))
+            .header_read_timeout(Duration::from_secs(
+                crate::contract::limits::HEADER_READ_TIMEOUT_S,
+            ))
             .serve_connection(TokioIo::new(stream), service)
             .with_upgrades();
         tokio::pin!(conn);
@@ -480,7 +542,7 @@ fn role_only(paths: &'static [&'static str], code: &'static str) -> BoxedFilter<
         .boxed()
 }
 
-/// `/health`, `/ready`, `/metrics`, `/v1/admin/runtime-status` (operations.md §1–§3).
+/// `/health`, `/ready`, `/metrics`, `/v1/admin/runtime-status` (docs/reference/http.md).
 fn common_routes(
     ctx: &Ctx,
     cell: Option<Arc<Cell>>,
@@ -508,7 +570,7 @@ fn common_routes(
         async move {
             let verdict = c.readiness.check().await;
             // A validation-mode push process is a deploy preflight: it is ready only when the
-            // database already carries every migration this binary knows (push.md §1).
+            // database already carries every migration this binary knows (docs/configuration.md).
             if verdict.is_ready() && c.config.push.mode == crate::config::PushMode::Validation {
                 match migrate::is_current(&c.db).await {
                     Ok(true) => {}
@@ -525,7 +587,7 @@ fn common_routes(
         .then(move |headers: HeaderMap| {
             let c = c.clone();
             async move {
-                if !h::is_admin(&headers, c.config.secrets.admin_token.as_deref()) {
+                if !h::is_reader(&headers, &c.config.secrets) {
                     return h::invalid_token();
                 }
                 metrics_response(&c.metrics).await
@@ -562,6 +624,14 @@ fn ready_response(v: Verdict) -> Response {
             StatusCode::SERVICE_UNAVAILABLE,
             errors::DEPENDENCY_UNAVAILABLE,
         ),
+        Verdict::TlsUnavailable => h::json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &serde_json::json!({
+                "error": errors::DEPENDENCY_UNAVAILABLE,
+                "dependency": ["tls"],
+                "cause": "no TLS certificate to serve yet",
+            }),
+        ),
     }
 }
 
@@ -590,7 +660,7 @@ pub fn decode_version_only(bytes: &[u8]) -> Result<(), Response> {
 }
 
 fn runtime_status(ctx: &Ctx, cell: Option<&Cell>, headers: &HeaderMap, body: h::Body) -> Response {
-    if !h::is_admin(headers, ctx.config.secrets.admin_token.as_deref()) {
+    if !h::is_reader(headers, &ctx.config.secrets) {
         return h::invalid_token();
     }
     let bytes = match body {
@@ -651,6 +721,16 @@ async fn spawn_metrics_listener(
             async move { metrics_response(&c.metrics).await }
         })
         .boxed();
+    // A counter beside each limit: connections closed at once over the bound, and connections
+    // closed because their request headers did not arrive in time.
+    let refused = ctx.metrics.register_counter_vec(
+        "orca_relay_metrics_listener_refused_total",
+        "metrics-listener connections closed by a limit",
+        &["reason"],
+    );
+    let slots = Arc::new(tokio::sync::Semaphore::new(
+        crate::contract::limits::METRICS_CONNECTIONS_MAX,
+    ));
     let stop = ctx.child_token();
     ctx.spawn("metrics-listener", async move {
         let svc = warp::service(filter);
@@ -659,25 +739,39 @@ async fn spawn_metrics_listener(
                 _ = stop.cancelled() => return,
                 c = accept_with_backoff(|| listener.accept(), "metrics listener") => c,
             };
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                refused.with_label_values(&["connections"]).inc();
+                drop(stream);
+                continue;
+            };
             let svc = svc.clone();
             let tls = tls.clone();
+            let refused = refused.clone();
             tokio::spawn(async move {
+                let _slot = slot;
                 let service = hyper::service::service_fn(move |req: http::Request<Incoming>| {
                     let mut svc = svc.clone();
                     async move { svc.call(req).await }
                 });
-                let builder = http1::Builder::new();
-                match tls {
+                let mut builder = http1::Builder::new();
+                builder
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(Duration::from_secs(
+                        crate::contract::limits::HEADER_READ_TIMEOUT_S,
+                    ));
+                let served = match tls {
                     None => {
-                        let _ = builder
+                        builder
                             .serve_connection(TokioIo::new(stream), service)
-                            .await;
+                            .await
                     }
-                    Some(tls) => {
-                        if let Some(s) = tls.accept(stream).await {
-                            let _ = builder.serve_connection(TokioIo::new(s), service).await;
-                        }
-                    }
+                    Some(tls) => match tls.accept(stream).await {
+                        Some(s) => builder.serve_connection(TokioIo::new(s), service).await,
+                        None => Ok(()),
+                    },
+                };
+                if served.is_err_and(|e| e.is_timeout()) {
+                    refused.with_label_values(&["header_timeout"]).inc();
                 }
             });
         }

@@ -1,13 +1,12 @@
-//! protocol.md §5.2: the drain check (step 2) comes before the credential reservation (step 4),
+//! docs/reference/websocket.md: the drain check (step 2) comes before the credential reservation (step 4),
 //! so a phone arriving at a draining host spends no invite attempt and always gets 4503.
 
-#[path = "support/cell/mod.rs"]
 mod support;
 
 use orca_relay::cell::testkit::{self, recv_close, recv_json};
 use orca_relay::params;
 use serde_json::json;
-use support::*;
+use support::node::*;
 
 #[tokio::test]
 async fn phone_at_a_draining_host_spends_no_invite_attempt() {

@@ -5,7 +5,6 @@
 //! - at most `COMMANDS_IN_FLIGHT` (16) commands run at once per control socket; more wait, unread,
 //!   and every one still gets its reply.
 
-#[path = "support/cell/mod.rs"]
 mod support;
 
 use std::time::Duration;
@@ -16,7 +15,7 @@ use orca_relay::cell::session::State;
 use orca_relay::cell::testkit::{self, recv_json};
 use orca_relay::contract::limits::ORPHAN_GRACE_MS;
 use serde_json::json;
-use support::*;
+use support::node::*;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::MaybeTlsStream;
 
@@ -165,5 +164,54 @@ async fn sixteen_commands_in_flight_at_most() {
         "every command one reply"
     );
     barrier(&mut c).await;
+    s.running.shutdown().await;
+}
+
+/// A command queued behind the 16 in flight finds an idle cutover registered meanwhile (the
+/// host's admission gate closed): it does not run; the control is closed 4503 `resolve-director`,
+/// as for a command that arrives during the cutover. The 16 that started before still reply.
+#[tokio::test]
+async fn a_queued_command_does_not_run_during_an_idle_cutover() {
+    let db = orca_relay::store::testing::TestDb::sqlite().await;
+    let s = start_on(&db.url, &[]).await;
+    let host = Host::assigned(&s, "queued-cutover").await;
+    let mut c = host.connect(&s).await;
+    let cell = s.running.cell.clone().expect("cell role");
+    let writer = s.running.ctx.db.begin().await.expect("writer slot");
+    for i in 0..=COMMANDS_IN_FLIGHT {
+        c.send(
+            json!({"type":"invite-create","reqId":format!("q{i}"),"relayDeviceId":format!("d{i}")}),
+        )
+        .await;
+    }
+    assert!(
+        eventually(SEC * 10, || commands_running(&s) == COMMANDS_IN_FLIGHT).await,
+        "{} commands running",
+        commands_running(&s)
+    );
+    // The cutover registers (gate closed) while the 17th waits for a slot.
+    let hold = cell
+        .hold_idle_gate(&host.key(), &uuid::Uuid::new_v4().to_string())
+        .expect("gate free");
+    writer.rollback().await;
+    let mut replied = std::collections::BTreeSet::new();
+    let close = loop {
+        match c.recv(SEC * 10).await {
+            Ok(v) => {
+                assert!(
+                    v["type"] == "invite-created" || v["type"] == "control-error",
+                    "{v}"
+                );
+                replied.insert(v["reqId"].as_str().unwrap_or("").to_owned());
+            }
+            Err(close) => break close,
+        }
+    };
+    assert_eq!((close.0, close.1.as_str()), (4503, "resolve-director"));
+    assert!(
+        !replied.contains(&format!("q{COMMANDS_IN_FLIGHT}")),
+        "the queued command ran during the cutover: {replied:?}"
+    );
+    drop(hold);
     s.running.shutdown().await;
 }

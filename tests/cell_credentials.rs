@@ -1,13 +1,12 @@
 //! Phone credentials through the control socket and the phone leg, on both backends
 //! (P-17, P-18, P-19, P-20, P-21).
 
-#[path = "support/cell/mod.rs"]
 mod support;
 
 use orca_relay::cell::testkit::{self, recv_close, recv_json};
 use orca_relay::crypto::{random_b64u32, token_hash};
 use serde_json::json;
-use support::*;
+use support::node::*;
 
 #[tokio::test]
 async fn install_resume_confirm_rotate_revoke() {

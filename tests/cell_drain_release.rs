@@ -1,20 +1,17 @@
 //! Control leases of sessions that can no longer be served (issue 12's roll benchmark): a host
 //! that leaves a draining cell on its own has its control lease released at once (a draining cell
-//! refuses every activation, so the orphaned session can never be rebound, protocol.md §11 step 1),
-//! while on a cell that is not draining the lease stays through the orphan grace (§4.5, a rebind
+//! refuses every activation, so the orphaned session can never be rebound, docs/operations.md step 1),
+//! while on a cell that is not draining the lease stays through the orphan grace (a rebind
 //! is still possible) until a drain starts; SIGTERM with no grace retires orphaned sessions too, releasing their
 //! leases before the process closes its database; a host whose activation a drain overtakes
-//! (§3.5 step 4) hears its 4503 only once its lease is gone; and a release that misses its
+//! (step 4) hears its 4503 only once its lease is gone; and a release that misses its
 //! deadline on a draining cell still lands (not cancelled, retried if it fails) instead of
 //! leaving the lease to expire.
 //! SQLite and, with `ORCA_RELAY_TEST_POSTGRES_URL`, Postgres.
 
-#[path = "support/row_lock.rs"]
-mod row_lock;
-#[path = "support/cell/mod.rs"]
 mod support;
-#[path = "support/write_block.rs"]
-mod write_block;
+use support::row_lock;
+use support::write_block;
 
 use std::time::Duration;
 
@@ -22,7 +19,7 @@ use orca_relay::cell::session::State;
 use orca_relay::params;
 use orca_relay::store::Db;
 use serde_json::json;
-use support::*;
+use support::node::*;
 use write_block::block_host_writes;
 
 /// The host's activated control leases (`control:<cell>:<generation>`) and its row's
@@ -159,9 +156,9 @@ async fn shutdown_releases_the_controls_of_orphaned_sessions() {
     }
 }
 
-/// §3.5 step 4 with a drain that starts while the activation is in the store: the activation
+/// step 4 with a drain that starts while the activation is in the store: the activation
 /// lands, the cell sees the drain and refuses the host 4503 `relay draining`, and the host, which
-/// re-resolves on that close at once (director.md §6.1), must not find its control still held by
+/// re-resolves on that close at once (docs/deploy/cluster.md), must not find its control still held by
 /// this running process when it activates on the next cell. So the close comes only after the
 /// release: read the moment the close arrives, the host has no control lease left (the grant's
 /// `control-pending` is gone too, which shows the activation did land first). Before, the close
@@ -218,7 +215,7 @@ async fn a_drain_overtaking_an_activation_releases_the_control_before_the_close(
 /// deadline and the lease stayed until it expired (up to 105 s).
 #[tokio::test]
 async fn a_release_that_misses_its_deadline_on_a_draining_cell_still_lands() {
-    support::common::logs::install();
+    support::node::common::logs::install();
     for t in dbs().await {
         let s = start_on(&t.url, &[]).await;
         let host = Host::assigned(&s, "late-release").await;
@@ -231,10 +228,12 @@ async fn a_release_that_misses_its_deadline_on_a_draining_cell_still_lands() {
         // The first attempt cannot land while the writes are held: it misses its deadline.
         let digest = orca_relay::logging::digest(&host.id.relay_host_id);
         let missed = || {
-            support::common::logs::texts("orca_relay").iter().any(|l| {
-                (l.contains("activity release slow") || l.contains("activity release failed"))
-                    && l.contains(&digest)
-            })
+            support::node::common::logs::texts("orca_relay")
+                .iter()
+                .any(|l| {
+                    (l.contains("activity release slow") || l.contains("activity release failed"))
+                        && l.contains(&digest)
+                })
         };
         assert!(
             real_eventually(SEC * 20, missed).await,

@@ -1,14 +1,13 @@
-//! Cell gates that need a store or a full process (protocol.md §1.1, §1.3, §3.5): the capped
+//! Cell gates that need a store or a full process (docs/reference/websocket.md): the capped
 //! connection ledger refusing real phone, data and control upgrades with 503 `Retry-After: 2`
 //! (P-48's store side: `wrong_assignment` leaves no control activity), on both backends.
 
-#[path = "support/cell/mod.rs"]
 mod support;
 
 use orca_relay::cell::testkit::{self, HostIdentity};
 use orca_relay::params;
 use orca_relay::store::assignments::{self as store, ActivateControl, ActivityError, HostKey};
-use support::*;
+use support::node::*;
 
 fn status(resp: &str) -> &str {
     resp.split("\r\n").next().unwrap_or("")
@@ -18,7 +17,7 @@ fn has_header(resp: &str, line: &str) -> bool {
     resp.split("\r\n").any(|l| l.eq_ignore_ascii_case(line))
 }
 
-/// §1.1 gates 3/5, §1.3: with hard cap 200 the normal limit is 100 enforced units. Ten live
+/// gates 3/5: with hard cap 200 the normal limit is 100 enforced units. Ten live
 /// controls (1 unit each) and 45 silent phones (1 in-flight→physical + 1 reserved each) fill it;
 /// the next phone, a fresh data leg and a new (non-rebind) control are refused with a raw 503
 /// carrying `Retry-After: 2`. The phones' first-frame deadline returns their units.
@@ -159,7 +158,7 @@ async fn activate_control_wrong_assignment_leaves_no_activity() {
     }
 }
 
-/// §1.1 control gate 4: while `databasePoolMax` store callers wait and the oldest has waited
+/// control gate 4: while `databasePoolMax` store callers wait and the oldest has waited
 /// ≥ 1 s, a new control upgrade is shed with a raw 503 `Retry-After: 2`; a rebind over a live
 /// control is exempt; once the store frees, new controls are admitted again.
 #[tokio::test]

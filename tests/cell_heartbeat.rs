@@ -1,5 +1,5 @@
-//! P-39 (protocol.md §12, §14): the real binary in role `cell` beats to a remote director over
-//! HTTP with a cluster token: first beat at start-up, then every 15 s; exactly the §12 fields,
+//! P-39 (docs/reference/http.md / docs/reference/websocket.md): the real binary in role `cell` beats to a remote director over
+//! HTTP with a cluster token: first beat at start-up, then every 15 s; exactly the fields,
 //! the seven telemetry fields only when capped; a restart gets a new incarnation.
 
 use std::net::SocketAddr;
@@ -85,12 +85,12 @@ async fn fake_director() -> (SocketAddr, mpsc::Receiver<Beat>) {
 /// The real binary, killed on drop.
 struct Proc {
     child: Child,
-    log: support::common::proc::Log,
+    log: support::node::common::proc::Log,
 }
 
 impl Drop for Proc {
     fn drop(&mut self) {
-        support::common::proc::kill(&mut self.child);
+        support::node::common::proc::kill(&mut self.child);
     }
 }
 
@@ -118,16 +118,16 @@ fn spawn_cell(cwd: &Path, db_url: &str, director: SocketAddr, extra: &[&str]) ->
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
-    let spec = support::common::proc::Spec {
+    let spec = support::node::common::proc::Spec {
         cwd: Some(cwd),
-        ..support::common::proc::Spec::new("cell", &args, &envs)
+        ..support::node::common::proc::Spec::new("cell", &args, &envs)
     };
-    let log = support::common::proc::Log::default();
-    let spawned = support::common::proc::spawn_serve(&spec, &log, Duration::from_secs(30))
+    let log = support::node::common::proc::Log::default();
+    let spawned = support::node::common::proc::spawn_serve(&spec, &log, Duration::from_secs(30))
         .unwrap_or_else(|()| {
             panic!(
                 "cell did not start: {:?}",
-                support::common::proc::lines(&log)
+                support::node::common::proc::lines(&log)
             )
         });
     Proc {
@@ -249,7 +249,7 @@ async fn cell_heartbeats_to_remote_director_uncapped_and_capped() {
     let a2 = next_beat(&mut rx_a, Duration::from_secs(17), &a).await;
     let b2 = next_beat(&mut rx_b, Duration::from_secs(17), &b).await;
 
-    // Uncapped: exactly the §12 fields, interval, stable identity.
+    // Uncapped: exactly the fields, interval, stable identity.
     for beat in [&a1, &a2] {
         check_auth(beat);
         check_base(beat);
@@ -297,7 +297,6 @@ async fn cell_heartbeats_to_remote_director_uncapped_and_capped() {
 // ---------------------------------------------------------------------------------------------------
 // P-50 (second half): the store goes away during host-hello → close 4429.
 
-#[path = "support/cell/mod.rs"]
 mod support;
 
 /// A loopback TCP proxy to the test Postgres with a switch that drops every proxied connection
@@ -356,8 +355,8 @@ async fn store_outage_during_hello_closes_4429() {
         .url
         .replacen("127.0.0.1:5432", &proxy.addr.to_string(), 1);
     assert_ne!(url, pg.url, "test Postgres must be on 127.0.0.1:5432");
-    let s = support::start_on(&url, &[]).await;
-    let host = support::Host::assigned(&s, "outage").await;
+    let s = support::node::start_on(&url, &[]).await;
+    let host = support::node::Host::assigned(&s, "outage").await;
 
     proxy.cut();
     let started = Instant::now();

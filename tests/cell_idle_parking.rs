@@ -3,7 +3,6 @@
 //! host command wakes it from the socket side, a `conn-open` for a new phone wakes it from the
 //! relay side — and parks again once quiet. Its pairs' splices park too and still forward.
 
-#[path = "support/cell/mod.rs"]
 mod support;
 
 use std::sync::atomic::Ordering;
@@ -11,7 +10,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use orca_relay::cell::testkit;
-use support::*;
+use support::node::*;
 use tokio_tungstenite::tungstenite::Message;
 
 /// Control parks so far on the server's cell.

@@ -1,14 +1,12 @@
-//! Idle regional rehome, cell side (protocol.md §13): P-40..P-42 against a real `serve` process
+//! Idle regional rehome, cell side (docs/reference/http.md): P-40..P-42 against a real `serve` process
 //! (role `all`: cell `local` in us-central1 with its in-process director) and a second cell C in
 //! asia-east2 whose heartbeats and rehome status the test sends. The host is a real WebSocket
 //! desktop advertising `idle-regional-rehome-v1`. Also P-43 (an evacuated host's old cell closes
 //! its control), a database cut during a commit (Postgres, through `support/pgproxy.rs`) and the
 //! rule that no log line of an attempt names the user or the host.
 
-#[path = "support/pgproxy.rs"]
-mod pgproxy;
-#[path = "support/cell/mod.rs"]
 mod support;
+use support::pgproxy;
 
 use std::time::Duration;
 
@@ -16,7 +14,7 @@ use orca_relay::cell::testkit::{self, Hello};
 use orca_relay::rehome::rules;
 use orca_relay::store::testing::TestDb;
 use serde_json::{json, Value};
-use support::*;
+use support::node::*;
 
 const US: &str = "us-central1";
 const ASIA: &str = "asia-east2";
@@ -523,9 +521,14 @@ async fn commit_cut_keeps_the_gate_closed_until_reconcile() {
         relay_host_id: fx.host.id.relay_host_id.clone(),
     };
     let cell = fx.s.running.cell.clone().expect("cell role");
+    capture::install();
     // No byte moves: the commit's first statement hangs in flight.
     proxy.black_hole();
     let body = dispatch_body(&fx, fx.control.generation, &inc);
+    let attempt = format!(
+        "attemptId={}",
+        body["attemptId"].as_str().expect("attemptId")
+    );
     let url = format!("{}/v1/admin/host-idle-rehome", fx.s.url);
     let held = tokio::spawn(async move { post(&url, Some(&cluster("director")), &body).await });
     assert!(eventually(Duration::from_secs(5), || cell.idle_gate_closed(&key)).await);
@@ -541,8 +544,19 @@ async fn commit_cut_keeps_the_gate_closed_until_reconcile() {
         (invite_refused.0, invite_refused.1.as_str()),
         (4503, "resolve-director")
     );
-    // Reconcile keeps failing (100 ms doubling): the gate stays closed and the attempt unanswered.
-    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    // Reconcile keeps failing (100 ms doubling): after three failed tries the gate is still
+    // closed and the attempt unanswered.
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            capture::lines_with(&attempt)
+                .iter()
+                .filter(|l| l.contains("reconcile failed"))
+                .count()
+                >= 3
+        })
+        .await,
+        "reconcile retried while the store is cut"
+    );
     assert!(
         cell.idle_gate_closed(&key),
         "gate closed while the store is cut"

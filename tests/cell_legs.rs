@@ -2,7 +2,6 @@
 //! backends; every bad input leaves other sessions served (P-04, P-06, P-07, P-08, P-10, P-12,
 //! P-22, P-24, P-25, P-26, P-27, P-28).
 
-#[path = "support/cell/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};
@@ -10,7 +9,7 @@ use std::time::{Duration, Instant};
 use futures_util::SinkExt;
 use orca_relay::cell::testkit::{self, recv_close, recv_json, Hello};
 use serde_json::json;
-use support::*;
+use support::node::*;
 use tokio_tungstenite::tungstenite::Message;
 
 fn status(resp: &str) -> &str {

@@ -2,7 +2,6 @@
 //! `auth-refresh` (P-33), attach deadline (P-23), orphan grace (P-32), drain (P-36, P-37) and
 //! shutdown (P-38).
 
-#[path = "support/cell/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};
@@ -12,7 +11,7 @@ use orca_relay::cell::session::State;
 use orca_relay::cell::testkit::{self, recv_close, recv_json, ClientWs, Hello};
 use orca_relay::clock::now_ms;
 use serde_json::json;
-use support::*;
+use support::node::*;
 use tokio_tungstenite::tungstenite::Message;
 
 #[tokio::test]

@@ -1,9 +1,8 @@
-//! Control timers measured in minutes, on manual time (`support::ManualTime`): tokio's clock, and
+//! Control timers measured in minutes, on manual time (`support::node::ManualTime`): tokio's clock, and
 //! with it `clock::now_ms`, stands still except when the test moves it, so the server's 15 s
 //! ticks fire exactly where the test puts them, whatever the machine's load: ping and silence
 //! (P-09), an expiring host token (P-34). The minutes take well under a second.
 
-#[path = "support/cell/mod.rs"]
 mod support;
 
 use std::time::Duration;
@@ -12,7 +11,7 @@ use futures_util::SinkExt;
 use orca_relay::cell::testkit::{self, recv_json, ClientWs};
 use orca_relay::clock::now_ms;
 use serde_json::{json, Value};
-use support::*;
+use support::node::*;
 use tokio_tungstenite::tungstenite::Message;
 
 const TICK: Duration = Duration::from_millis(orca_relay::contract::limits::CONTROL_TICK_MS);

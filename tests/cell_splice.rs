@@ -1,8 +1,7 @@
 //! The data path over real sockets on both backends: handshake to splice (P-05, P-11, P-13, P-14,
 //! P-16), 10 000 frames each way byte-identical, message limits (P-15), and a phone that stops
-//! reading (protocol.md §8).
+//! reading (docs/reference/websocket.md).
 
-#[path = "support/cell/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};
@@ -10,7 +9,7 @@ use std::time::{Duration, Instant};
 use futures_util::{SinkExt, StreamExt};
 use orca_relay::cell::testkit::{self, recv_close, recv_json, Hello};
 use serde_json::json;
-use support::*;
+use support::node::*;
 use tokio_tungstenite::tungstenite::Message;
 
 #[tokio::test]

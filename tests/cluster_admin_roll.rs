@@ -10,8 +10,8 @@
 //! Throughout, the invariant sampler checks that no host is served by two cells at once.
 //! Postgres only; skipped without ORCA_RELAY_TEST_POSTGRES_URL.
 
-#[path = "support/cluster/mod.rs"]
-mod cluster;
+mod support;
+use support::cluster;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

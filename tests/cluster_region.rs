@@ -1,4 +1,4 @@
-//! The two-region cluster test of issue 8 (director.md §8, protocol.md §13), all real processes on
+//! The two-region cluster test of issue 8 (docs/reference/http.md), all real processes on
 //! one Postgres database: one director in us-central1, two cells in us-central1 and two in
 //! asia-east2. 50 idle desktop hosts advertise `idle-regional-rehome-v1` and report a conclusive
 //! preference for asia-east2 (RTT us 150 ms, asia 40 ms); three more hold a live splice from the
@@ -7,13 +7,13 @@
 //!
 //! Busy answers. A host that holds a splice from the start is never dispatched: a live splice
 //! holds `splice:<connId>` (and the pending phone before it `invite:<connId>`), so the host has
-//! more than one lease and fails §8.3's "exactly one lease" candidate rule. The director does
+//! more than one lease and fails's "exactly one lease" candidate rule. The director does
 //! dispatch a spliced host when the splice starts *between selection and dispatch*: selection is
 //! one plain read at the start of the poll, and the walk then dispatches the candidates one by
 //! one, in key order. The test makes that window real and long: before enabling the control it
 //! holds, in its own open transaction, the assignment row of the first host in key order (A). A's
 //! dispatch reaches its cell, the commit's reconcile waits on the row (≤ 1 s per try), fails, and
-//! the cell keeps the gate closed and reconciles (protocol.md §13 step 7); once the cell logs
+//! the cell keeps the gate closed and reconciles (docs/reference/http.md step 7); once the cell logs
 //! that, the late host B (next in key order, idle when the page was read) pairs a phone. A's
 //! dispatch times out after 10 s (ambiguous: next candidate), so B's attempt is dispatched while
 //! B has a live splice, and B's cell answers `busy` (step 5). The lock is then released; A's
@@ -29,9 +29,9 @@
 //!   every host's epochs only increase;
 //! - no process log line names a `userId` or a `relayHostId`; the overview counts the commits.
 //!
-//! The bound. The worker commits at most one attempt per poll (§8.3: `committed` stops the walk),
+//! The bound. The worker commits at most one attempt per poll (: `committed` stops the walk),
 //! at most one per ⌈60 000 / 120⌉ = 500 ms (`next_dispatch_at`), and with 8 idle-rehome
-//! migrations open it waits (`concurrency-limit`) until a sweep completes arrived ones (§7.3). With
+//! migrations open it waits (`concurrency-limit`) until a sweep completes arrived ones. With
 //! wrapping pages every poll sees 50 hosts, so each poll has a candidate until all are moved.
 //! Bound = 40 s (the first walk stalls ~10 s on A) + 3 × max(hosts × max(1.2 × poll, 500 ms),
 //! ⌈hosts / 8⌉ × 1.2 × sweep): 130 s for CI's 50 hosts, poll 500 ms, sweep 2 000 ms
@@ -48,10 +48,9 @@
 //! (default 2 000) override the shape. Postgres only: skipped (and says so) without
 //! ORCA_RELAY_TEST_POSTGRES_URL.
 
-#[path = "support/region.rs"]
-mod region;
-#[path = "support/row_lock.rs"]
-mod row_lock;
+mod support;
+use support::region;
+use support::row_lock;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

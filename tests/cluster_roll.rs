@@ -9,8 +9,8 @@
 //!
 //! Postgres only (it is the clustered shape); skipped without ORCA_RELAY_TEST_POSTGRES_URL.
 
-#[path = "support/cluster/mod.rs"]
-mod cluster;
+mod support;
+use support::cluster;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,4 +1,4 @@
-//! push.md §1: a whitespace-only `ORCA_PUSH_*` value counts as unset. Read through clap's real
+//! docs/configuration.md: a whitespace-only `ORCA_PUSH_*` value counts as unset. Read through clap's real
 //! environment path (this binary holds one test, so setting the process environment is race-free).
 
 use orca_relay::config::{Config, ServeArgs};

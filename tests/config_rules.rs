@@ -1,4 +1,4 @@
-//! Configuration validation (README §3): every bad value stops start-up with one line naming the
+//! Configuration validation (docs/configuration.md): every bad value stops start-up with one line naming the
 //! variable; single-node secrets are generated once (0600) and reused.
 
 use orca_relay::config::{Config, Roles, ServeArgs};
@@ -253,8 +253,8 @@ fn single_node_generates_secrets_once_with_mode_0600() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
-/// `ORCA_RELAY_REGION_REHOME_POLL_MS`: the idle-rehome worker's poll period, 6000 (director.md
-/// §8.3) unless set; an integer in 100..600000, anything else names the variable.
+/// `ORCA_RELAY_REGION_REHOME_POLL_MS`: the idle-rehome worker's poll period, 6000 (docs/configuration.md
+///) unless set; an integer in 100..600000, anything else names the variable.
 #[test]
 fn region_rehome_poll_period_is_bounded() {
     let d = temp_data();
@@ -279,7 +279,7 @@ fn region_rehome_poll_period_is_bounded() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
-/// `ORCA_RELAY_SWEEP_INTERVAL_MS`: the director's sweep period, 30000 (director.md §5.6) unless
+/// `ORCA_RELAY_SWEEP_INTERVAL_MS`: the director's sweep period, 30000 (ARCHITECTURE.md) unless
 /// set; an integer in 1000..600000, anything else names the variable.
 #[test]
 fn sweep_interval_is_bounded() {

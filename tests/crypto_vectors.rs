@@ -1,5 +1,5 @@
-//! The spec's normative crypto vectors through the public API (protocol.md P-44: vectors A, B, K and the
-//! token hash; push.md §3.4), plus a libsodium interoperability vector.
+//! The spec's normative crypto vectors through the public API (docs/reference/websocket.md: vectors A, B, K and the
+//! token hash; docs/reference/http.md), plus a libsodium interoperability vector.
 
 use orca_relay::crypto::b64::{decode_key32, std_decode_canonical, std_encode, url_encode};
 use orca_relay::crypto::host_proof::{

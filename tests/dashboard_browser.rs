@@ -1,4 +1,4 @@
-//! `GET /dashboard` in a real headless Chromium (operations.md §4, issue 10 acceptance), driven over
+//! `GET /dashboard` in a real headless Chromium (docs/reference/http.md, issue 10 acceptance), driven over
 //! the DevTools protocol with the crate's own WebSocket client (no npm, no driver binary).
 //!
 //! On a single node (role `all`, SQLite, in process) and on a 1-director + 2-cell Postgres cluster
@@ -13,10 +13,9 @@
 // Both the cell and the cluster harness are included, each with the common toolkit.
 #![allow(clippy::duplicate_mod)]
 
-#[path = "support/cell/mod.rs"]
-mod cell_support;
-#[path = "support/cluster/mod.rs"]
-mod cluster;
+mod support;
+use support::cluster;
+use support::node as cell_support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

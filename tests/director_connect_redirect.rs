@@ -1,16 +1,16 @@
 //! P-49: a director-only process serves `/v1/connect/<relayHostId>` as the invite redirect
-//! (protocol.md §5.5), on SQLite and Postgres.
+//! (docs/reference/websocket.md), on SQLite and Postgres.
 
-mod director_common;
+mod support;
 
 use std::time::Duration;
 
-use director_common::*;
 use futures_util::{SinkExt, StreamExt};
 use orca_relay::store::assignments::HostKey;
 use orca_relay::store::credentials;
 use orca_relay::store::testing::backends;
 use serde_json::{json, Value};
+use support::director::*;
 use tokio_tungstenite::tungstenite::Message;
 
 type Ws =

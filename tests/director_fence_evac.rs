@@ -1,13 +1,13 @@
-//! Fences, evacuations and sweeps: D-53..D-60 (director.md §9), on SQLite and Postgres. Time
+//! Fences, evacuations and sweeps: D-53..D-60 (ARCHITECTURE.md), on SQLite and Postgres. Time
 //! passes by editing timestamps with SQL, then running one sweep pass directly.
 
-mod director_common;
+mod support;
 
-use director_common::*;
 use orca_relay::director::sweeps;
 use orca_relay::store::assignments::{self as sa, ActivateControl, HostKey};
 use orca_relay::store::testing::backends;
 use serde_json::json;
+use support::director::*;
 
 async fn placed(d: &Dir, capped: bool) -> (Host, String) {
     d.register("A", US, capped).await;

@@ -1,10 +1,10 @@
-//! Director acceptance scenarios D-01..D-31 (director.md §9) over HTTP, on SQLite and Postgres.
+//! Director acceptance scenarios D-01..D-31 (ARCHITECTURE.md) over HTTP, on SQLite and Postgres.
 
-mod director_common;
+mod support;
 
-use director_common::*;
 use orca_relay::store::testing::backends;
 use serde_json::json;
+use support::director::*;
 
 // ---------------------------------------------------------------------------------------------
 // Heartbeats, liveness, regions
@@ -955,7 +955,7 @@ async fn d31_resolve_on_live_isolated_home() {
     }
 }
 
-/// Transient database failures (director.md §2, §3.1): every route answers its retryable 503.
+/// Transient database failures (ARCHITECTURE.md / docs/reference/http.md): every route answers its retryable 503.
 /// Closing the pool makes every later acquire fail, on Postgres (SQLite has no pool to close).
 #[tokio::test]
 async fn transient_failures_answer_retryable_503() {

@@ -1,14 +1,14 @@
 //! Cluster correctness under concurrency: 200 concurrent `/v1/assign` for 50 hosts across two
 //! directors on one database. Each host ends with exactly one assignment (one cell, epoch 1, every
-//! grant naming it), no cell exceeds its capacity, and the §1.5 invariants hold.
+//! grant naming it), no cell exceeds its capacity, and the invariants hold.
 
-mod director_common;
+mod support;
 
 use std::collections::HashMap;
 
-use director_common::*;
 use orca_relay::store::testing::backends;
 use serde_json::json;
+use support::director::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn race_200_assigns_50_hosts_2_directors() {

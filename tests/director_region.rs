@@ -1,11 +1,11 @@
-//! Region correction on `/v1/assign` and the `regional-rehome-control` route (director.md §8.1,
-//! §8.2, §3.8): D-61..D-64 and the strict-schema rules, on SQLite and (when configured) Postgres.
+//! Region correction on `/v1/assign` and the `regional-rehome-control` route (docs/reference/http.md,
+//!): D-61..D-64 and the strict-schema rules, on SQLite and (when configured) Postgres.
 
-mod director_common;
+mod support;
 
-use director_common::*;
 use orca_relay::store::testing::backends;
 use serde_json::{json, Value};
+use support::director::*;
 
 const US: &str = "us-central1";
 const ASIA: &str = "asia-east2";

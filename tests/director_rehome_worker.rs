@@ -1,4 +1,4 @@
-//! The director's idle-rehome worker (director.md §8.3) end to end: D-65, D-66 and D-67 on real
+//! The director's idle-rehome worker (docs/reference/http.md) end to end: D-65, D-66 and D-67 on real
 //! processes (a director, cell A in us-central1, cell C in asia-east2, one Postgres database) and
 //! a real desktop host advertising `idle-regional-rehome-v1` over the control handshake. D-67
 //! puts a fault-injecting proxy in front of A that answers `host-idle-rehome` with 500, or never
@@ -8,10 +8,9 @@
 //! The pure decisions (gates, candidates, answer table, skip list) are unit-tested in
 //! `src/rehome/rules.rs`.
 
-#[path = "support/cluster/mod.rs"]
-mod cluster;
-#[path = "support/rehome_worker.rs"]
-mod rehome_worker;
+mod support;
+use support::cluster;
+use support::rehome_worker;
 
 use std::time::{Duration, Instant};
 
@@ -236,6 +235,11 @@ async fn d67_three_failed_dispatches_spend_the_failure_budget() {
     assert_eq!(budget.len(), 1, "{budget:?}");
     assert_eq!(budget[0]["consecutiveFailures"], 3);
     assert_eq!(budget[0]["pausedUntil"].as_i64(), Some(paused));
+    // Like every automatic disable (docs/reference/http.md), for operators alerting on it.
+    let disabled = rig.events("orca_relay_regional_rehome_safety_disabled");
+    assert_eq!(disabled.len(), 1, "{disabled:?}");
+    assert_eq!(disabled[0]["reason"], "failure-budget");
+    assert_eq!(disabled[0]["generation"], c["generation"]);
     let errors: Vec<Value> = rig
         .events("orca_relay_idle_rehome_request_failed")
         .into_iter()

@@ -1,12 +1,12 @@
-//! The seed change and its residual refusals (director.md §6.5–§6.6): D-32..D-52, for hinted
+//! The seed change and its residual refusals (docs/deploy/cluster.md): D-32..D-52, for hinted
 //! `/v1/assign` and `/v1/resolve`, on SQLite and Postgres. "46 s silent" ages the runtime row with
 //! SQL instead of sleeping.
 
-mod director_common;
+mod support;
 
-use director_common::*;
 use orca_relay::store::testing::backends;
 use serde_json::{json, Value};
+use support::director::*;
 
 /// Fixture R: A, B, C capped and live; B and C report 300 so H lands on A at epoch 1. A's
 /// process is (IA1, T0). Returns the host, its resume token, IA1 and T0.
@@ -409,7 +409,7 @@ async fn d52_old_process_cannot_come_back() {
     }
 }
 
-/// §6.6 row 14 for D-38/D-39's window: an uncapped new process that went unheard is not
+/// row 14 for D-38/D-39's window: an uncapped new process that went unheard is not
 /// roll-replaced (condition 3, freshness), so the host leaves by the dead-cell path with its leases
 /// deleted, not by an isolated move that keeps them.
 async fn uncapped_new_process_unheard(route: Route) {

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Seed-change mutation check (director.md §6.5, the seed change): reverts one rule at a time in a
+# Seed-change mutation check (docs/deploy/cluster.md, the seed change): reverts one rule at a time in a
 # scratch copy of the crate and lists which roll scenarios (tests/director_roll.rs, SQLite) fail.
 # Every D-32..D-49 case fails under the mutation of the rule it tests.
 # Usage: tests/director_seed_mutations.sh   (needs python3). It builds in its own target directory

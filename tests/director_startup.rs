@@ -1,18 +1,18 @@
-//! Start-up registration (director.md §0) and the cell heartbeat client (protocol.md §12), both
+//! Start-up registration (docs/configuration.md) and the cell heartbeat client (docs/reference/http.md), both
 //! in-process and over HTTP with a cluster token.
 
-mod director_common;
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use director_common::*;
 use orca_relay::cell::heartbeat::start as start_heartbeats;
 use orca_relay::cell::heartbeat_client::HttpHeartbeat;
 use orca_relay::contract::heartbeat::HeartbeatSink;
 use orca_relay::contract::wire::CellHeartbeat;
 use orca_relay::store::testing::backends;
 use serde_json::json;
+use support::director::*;
 
 #[tokio::test]
 async fn local_cell_and_configured_cells_registered_without_changing_state() {
@@ -103,7 +103,7 @@ async fn http_client_beats_with_a_cluster_token_and_loops_until_shutdown() {
         d.register("A", US, false).await;
         // The cell side: its own context with ORCA_RELAY_DIRECTOR_URL set.
         let dir = orca_relay::store::testing::temp_dir("orca-cell-ctx");
-        let config = director_common::common::serve::config(&[
+        let config = support::director::common::serve::config(&[
             "x",
             "--role",
             "cell",

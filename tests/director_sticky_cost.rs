@@ -5,15 +5,15 @@
 //! preference stored. The sticky lane's verification refuses a host without a row or on a
 //! roll-isolated home without writing. Both backends.
 
-mod director_common;
+mod support;
 
-use director_common::check_invariants;
 use orca_relay::director::assign::{assign, assign_sticky, AssignError, AssignOptions};
 use orca_relay::model::Admission;
 use orca_relay::store::assignments::*;
 use orca_relay::store::cells::{self, Beat, CellSpec};
 use orca_relay::store::testing::backends;
 use orca_relay::store::{Db, DbKind};
+use support::director::check_invariants;
 
 const US: &str = "us-central1";
 const ASIA: &str = "asia-east2";
@@ -174,7 +174,7 @@ async fn busy_row_falls_back_to_the_waiting_path() {
         assign(db, &h, None, &regions(), AssignOptions::default())
             .await
             .unwrap();
-        // Hold the row for 300 ms: the NOWAIT attempt fails, the §5.2 path waits (≤ 1 s on a live
+        // Hold the row for 300 ms: the NOWAIT attempt fails, the path waits (≤ 1 s on a live
         // general home) and grants once the holder commits.
         let mut tx = db.begin().await.unwrap();
         tx.query("SELECT user_id FROM relay_assignments FOR UPDATE", &[])

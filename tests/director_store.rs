@@ -1,10 +1,9 @@
-//! Behaviour tests of the cell-facing assignment operations (director.md §5.5) and the `assign`
-//! transaction, on SQLite and (when configured) Postgres, checking the invariants of §1.5 after
+//! Behaviour tests of the cell-facing assignment operations (ARCHITECTURE.md) and the `assign`
+//! transaction, on SQLite and (when configured) Postgres, checking the invariants of after
 //! every step.
 
-mod director_common;
+mod support;
 
-use director_common::check_invariants;
 use orca_relay::director::assign::{assign, AssignError, AssignOptions};
 use orca_relay::model::Admission;
 use orca_relay::model::{BeatTelemetry, LeaseCounts};
@@ -12,6 +11,7 @@ use orca_relay::store::assignments::*;
 use orca_relay::store::cells::{self, Beat, CellSpec};
 use orca_relay::store::testing::backends;
 use orca_relay::store::Db;
+use support::director::check_invariants;
 
 const US: &str = "us-central1";
 

@@ -7,10 +7,9 @@
 //!
 //! Postgres only (the clustered shape); skipped without ORCA_RELAY_TEST_POSTGRES_URL.
 
-#[path = "support/cluster/mod.rs"]
-mod cluster;
-#[path = "support/faults.rs"]
-mod faults;
+mod support;
+use support::cluster;
+use support::faults;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

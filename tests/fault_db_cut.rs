@@ -12,12 +12,10 @@
 //! put the second failing probe just past 20 s); the printed figure is the real length.
 //! Postgres only (a SQLite file cannot be cut); skipped without ORCA_RELAY_TEST_POSTGRES_URL.
 
-#[path = "support/cluster/mod.rs"]
-mod cluster;
-#[path = "support/faults.rs"]
-mod faults;
-#[path = "support/pgproxy.rs"]
-mod pgproxy;
+mod support;
+use support::cluster;
+use support::faults;
+use support::pgproxy;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

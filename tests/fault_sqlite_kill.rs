@@ -7,10 +7,9 @@
 //! granted before the kill is granted again (never a lower epoch) and opens its control; the
 //! restarted node pairs a phone. Prints how many hosts were in flight and the timings.
 
-#[path = "support/cluster/mod.rs"]
-mod cluster;
-#[path = "support/faults.rs"]
-mod faults;
+mod support;
+use support::cluster;
+use support::faults;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

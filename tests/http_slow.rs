@@ -1,17 +1,17 @@
 //! Slow and piled-up HTTP clients (issue 11): a request body must arrive within
 //! `limits::BODY_READ_MS` (10 s) or the request is answered 400 and the connection closed; plain
-//! HTTP connections are bounded (`limits::HTTP_CONNECTIONS_MAX`), over the bound a socket is closed
-//! at once; and a legitimate host and phone still pair meanwhile.
+//! HTTP connections are bounded (`limits::HTTP_CONNECTIONS_MAX`), over the bound a connection is
+//! answered `503 server_busy` with `Retry-After`, past the answering bound closed at once, both
+//! counted; and a legitimate host and phone still pair meanwhile.
 
-#[path = "support/cell/mod.rs"]
 mod support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use orca_relay::cell::testkit;
-use orca_relay::contract::limits::{BODY_READ_MS, HTTP_CONNECTIONS_MAX};
-use support::*;
+use orca_relay::contract::limits::{BODY_READ_MS, BUSY_ANSWERS_MAX, HTTP_CONNECTIONS_MAX};
+use support::node::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -131,7 +131,7 @@ async fn http_connections_are_bounded() {
     for _ in 0..HTTP_CONNECTIONS_MAX {
         idle.push(TcpStream::connect(addr).await.unwrap());
     }
-    // Let the server accept them all, then one more is closed at once.
+    // Once the server has accepted them all, one more is answered 503 server_busy at once.
     let health = || async {
         let mut s = TcpStream::connect(addr).await.unwrap();
         let _ = s
@@ -144,15 +144,53 @@ async fn http_connections_are_bounded() {
         let _ = tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut got)).await;
         String::from_utf8_lossy(&got).into_owned()
     };
+    let deadline = Instant::now() + SEC * 5;
+    let busy = loop {
+        let got = health().await;
+        if got.starts_with("HTTP/1.1 503") || Instant::now() > deadline {
+            break got;
+        }
+    };
+    assert!(busy.starts_with("HTTP/1.1 503"), "over the bound: {busy:?}");
+    let (head, body) = busy.split_once("\r\n\r\n").unwrap();
     assert!(
-        eventually_async(SEC * 5, || async { health().await.is_empty() }).await,
-        "connection over the bound was served"
+        head.to_ascii_lowercase().contains("\r\nretry-after: 1\r\n"),
+        "{head}"
     );
+    assert_eq!(body, r#"{"error":"server_busy"}"#);
+    // The accept loop takes connections in order, so the 503 above means all the idle ones hold
+    // a slot. Silent connections now hold every answering slot (each waits for a request head
+    // up to BUSY_ANSWER_MS), and the next connection is closed with no answer at all.
+    let mut silent = Vec::new();
+    for _ in 0..BUSY_ANSWERS_MAX {
+        silent.push(TcpStream::connect(addr).await.unwrap());
+    }
+    assert_eq!(health().await, "", "answered past the answering bound");
+    drop(silent);
     drop(idle);
     let served = eventually_async(SEC * 10, || async {
         health().await.starts_with("HTTP/1.1 200")
     })
     .await;
     assert!(served, "served again once the idle connections closed");
+    let metrics = reqwest::Client::new()
+        .get(format!("http://{addr}/metrics"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let count = |reason: &str| -> u64 {
+        let series = format!("orca_relay_http_connections_refused_total{{reason=\"{reason}\"}} ");
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(&series))
+            .unwrap_or_else(|| panic!("{series} missing: {}", &metrics[..metrics.len().min(300)]));
+        line[series.len()..].parse().unwrap()
+    };
+    assert!(count("answered") >= 1, "answered not counted");
+    assert!(count("closed") >= 1, "closed not counted");
     s.running.shutdown().await;
 }

@@ -351,3 +351,256 @@ fn the_checks_see_what_they_look_for() {
     assert!(!logs("let c = crate::catalog::x();"));
     assert!(!reads_clock("fn f(now: i64) {}"));
 }
+
+// ---------------------------------------------------------------------------------------------------
+// No circles
+
+/// The code of a file without its `#[cfg(test)]` modules: unit tests may reach across the crate,
+/// they are not part of the library's dependency graph.
+fn library_code_of(path: &Path) -> String {
+    let code = code_of(path);
+    match code.find("#[cfg(test)]\nmod ") {
+        Some(i) => code[..i].to_string(),
+        None => code,
+    }
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// The first path segment after each `prefix` (`crate::`, `super::`, `crate::store::`), also for
+/// each item of a `prefix{a, b::c}` group (`a`, `b`; nested groups are not followed).
+fn first_segments(code: &str, prefix: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = code;
+    while let Some(i) = rest.find(prefix) {
+        let before_ok = !code[..code.len() - rest.len() + i]
+            .chars()
+            .next_back()
+            .is_some_and(is_ident);
+        let after = &rest[i + prefix.len()..];
+        rest = after;
+        if !before_ok {
+            continue;
+        }
+        if let Some(group) = after.strip_prefix('{') {
+            let mut depth = 0usize;
+            let mut item_start = true;
+            let mut chars = group.char_indices().peekable();
+            while let Some((j, c)) = chars.next() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => item_start = true,
+                    c if item_start && is_ident(c) => {
+                        let name: String =
+                            group[j..].chars().take_while(|&c| is_ident(c)).collect();
+                        for _ in 1..name.chars().count() {
+                            chars.next();
+                        }
+                        out.push(name);
+                        item_start = false;
+                    }
+                    c if c.is_whitespace() => {}
+                    _ => item_start = false,
+                }
+            }
+        } else {
+            let name: String = after.chars().take_while(|&c| is_ident(c)).collect();
+            if !name.is_empty() {
+                out.push(name);
+            }
+        }
+    }
+    out
+}
+
+type Graph = std::collections::BTreeMap<String, std::collections::BTreeSet<String>>;
+
+/// A cycle of `graph` as the list of its nodes (first repeated at the end), if it has one.
+fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
+    fn visit(
+        graph: &Graph,
+        node: &str,
+        state: &mut std::collections::BTreeMap<String, u8>,
+        stack: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        state.insert(node.to_string(), 1);
+        stack.push(node.to_string());
+        for next in graph.get(node).into_iter().flatten() {
+            match state.get(next.as_str()) {
+                Some(1) => {
+                    let from = stack.iter().position(|n| n == next).unwrap();
+                    let mut cycle = stack[from..].to_vec();
+                    cycle.push(next.clone());
+                    return Some(cycle);
+                }
+                Some(_) => {}
+                None => {
+                    if let Some(c) = visit(graph, next, state, stack) {
+                        return Some(c);
+                    }
+                }
+            }
+        }
+        stack.pop();
+        state.insert(node.to_string(), 2);
+        None
+    }
+    let mut state = std::collections::BTreeMap::new();
+    for node in graph.keys() {
+        if !state.contains_key(node) {
+            let mut stack = Vec::new();
+            if let Some(c) = visit(graph, node, &mut state, &mut stack) {
+                return Some(c);
+            }
+        }
+    }
+    None
+}
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// Top-level modules (`src/x.rs` or `src/x/`) and the `crate::y` each one names.
+fn top_level_graph() -> Graph {
+    let root = src();
+    let mut modules = std::collections::BTreeSet::new();
+    for entry in fs::read_dir(&root).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let name = name.strip_suffix(".rs").unwrap_or(&name).to_string();
+        if name != "lib" && name != "main" {
+            modules.insert(name);
+        }
+    }
+    let mut graph = Graph::new();
+    for module in &modules {
+        let mut files = rust_files(&root.join(module));
+        files.push(root.join(format!("{module}.rs")));
+        let deps = graph.entry(module.clone()).or_default();
+        for file in files.iter().filter(|f| f.exists()) {
+            for dep in first_segments(&library_code_of(file), "crate::") {
+                if modules.contains(&dep) && &dep != module {
+                    deps.insert(dep);
+                }
+            }
+        }
+    }
+    graph
+}
+
+/// The files of module directory `dir` (not `mod.rs`) and the siblings each one names through
+/// `super::` or `crate::<module>::`.
+fn file_graph(module: &str, dir: &Path) -> Graph {
+    let files: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rs") && !p.ends_with("mod.rs"))
+        .collect();
+    let stem = |p: &Path| p.file_stem().unwrap().to_string_lossy().into_owned();
+    let siblings: std::collections::BTreeSet<String> = files.iter().map(|p| stem(p)).collect();
+    let mut graph = Graph::new();
+    for file in &files {
+        let code = library_code_of(file);
+        let me = stem(file);
+        let mut names = first_segments(&code, "super::");
+        names.extend(first_segments(&code, &format!("crate::{module}::")));
+        let deps = graph.entry(me.clone()).or_default();
+        for name in names {
+            if siblings.contains(&name) && name != me {
+                deps.insert(name);
+            }
+        }
+    }
+    graph
+}
+
+/// A module whose doc comment (in `mod.rs` or the parent `src/x.rs`) has a line starting
+/// `//! Circle:` explains a cycle between its files and is not checked.
+fn explains_a_circle(module: &str) -> bool {
+    let root = src();
+    [
+        root.join(module).join("mod.rs"),
+        root.join(format!("{module}.rs")),
+    ]
+    .iter()
+    .filter_map(|p| fs::read_to_string(p).ok())
+    .any(|text| {
+        text.lines()
+            .any(|l| l.trim_start().starts_with("//! Circle:"))
+    })
+}
+
+#[test]
+fn no_circle_between_top_level_modules() {
+    let graph = top_level_graph();
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!(
+            "top-level modules name each other in a circle: {}; move the shared item down into a \
+             module both can name",
+            cycle.join(" -> ")
+        );
+    }
+}
+
+#[test]
+fn no_circle_between_the_files_of_a_module() {
+    let mut circles = Vec::new();
+    for entry in fs::read_dir(src()).unwrap().flatten() {
+        let dir = entry.path();
+        if !dir.is_dir() {
+            continue;
+        }
+        let module = entry.file_name().to_string_lossy().into_owned();
+        if explains_a_circle(&module) {
+            continue;
+        }
+        if let Some(cycle) = find_cycle(&file_graph(&module, &dir)) {
+            circles.push(format!("src/{module}: {}", cycle.join(" -> ")));
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "files of a module name each other in a circle (move the shared item into a small file \
+         both name, or say why in a `//! Circle:` line of the module's doc comment):\n{}",
+        circles.join("\n")
+    );
+}
+
+#[test]
+fn the_graph_checks_see_what_they_look_for() {
+    assert_eq!(
+        first_segments(
+            "use crate::{a, b::c, d::{e, f}};\nlet x = crate::g::h();",
+            "crate::"
+        ),
+        ["a", "b", "d", "g"]
+    );
+    assert_eq!(
+        first_segments("use super::web::{bytes, post};", "super::"),
+        ["web"]
+    );
+    assert!(first_segments("use mycrate::x;", "crate::").is_empty());
+    let graph: Graph = [("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")]
+        .iter()
+        .fold(Graph::new(), |mut g, (from, to)| {
+            g.entry(from.to_string())
+                .or_default()
+                .insert(to.to_string());
+            g
+        });
+    assert_eq!(
+        find_cycle(&graph).unwrap(),
+        ["a", "b", "c", "a"].map(String::from)
+    );
+    let mut acyclic = graph.clone();
+    acyclic.get_mut("c").unwrap().remove("a");
+    assert_eq!(find_cycle(&acyclic), None);
+    // The real graphs are not empty, so the checks above look at something.
+    assert!(top_level_graph()["server"].contains("director"));
+    assert!(file_graph("director", &src().join("director"))["admin"].contains("web"));
+}

@@ -1,14 +1,13 @@
 //! Process lifecycle and bounded control work: one task tracker that names every background task
 //! and is empty after shutdown; control commands bounded per socket with every reply delivered.
 
-#[path = "support/cell/mod.rs"]
 mod support;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde_json::json;
-use support::*;
+use support::node::*;
 
 /// Role `all` runs its loops on the process tracker under their names; shutdown ends them all
 /// (child tokens of the one shutdown token) before the database closes.

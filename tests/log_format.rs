@@ -1,13 +1,12 @@
-//! Issue 11: every line a run writes to stderr follows README §6, including lines from
+//! Issue 11: every line a run writes to stderr follows docs/reference/http.md, including lines from
 //! dependencies (warp, hyper, tungstenite, tokio-postgres, deadpool, rustls…), even with
 //! `RUST_LOG=trace`, and dependencies never log below `info` (their debug output carries statement
 //! parameters and headers). A real `orca-relay serve` process on SQLite and, when configured,
 //! Postgres: assign, a control WebSocket, a rejected request, SIGTERM.
 
-#[path = "support/cluster/mod.rs"]
-mod cluster;
-#[path = "support/logfmt.rs"]
-mod logfmt;
+mod support;
+use support::cluster;
+use support::logfmt;
 
 use std::time::{Duration, Instant};
 

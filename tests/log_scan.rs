@@ -10,12 +10,10 @@
 // binary are harmless.
 #![allow(clippy::duplicate_mod)]
 
-#[path = "support/cluster/mod.rs"]
-mod cluster;
-#[path = "support/faults.rs"]
-mod faults;
-#[path = "support/push/mod.rs"]
-mod push;
+mod support;
+use support::cluster;
+use support::faults;
+use support::push;
 
 use std::time::Duration;
 
@@ -213,17 +211,8 @@ async fn no_secret_token_or_host_id_in_the_logs_of_a_full_run() {
     drop(resumed);
     drop(pair);
     drop(phone);
+    // Returns once the process exited and its stderr reader has every line.
     node.terminate();
-    // The reader thread gets the last lines once stderr closes: poll until the count is stable.
-    let mut last = usize::MAX;
-    for _ in 0..50 {
-        let n = node.log.lock().unwrap().len();
-        if n == last {
-            break;
-        }
-        last = n;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
     let log = node.log.lock().unwrap().clone();
     let hits = scan(&log, &needles);
     println!(

@@ -1,4 +1,4 @@
-//! Every required series of operations.md §2 moves where its event happens (issue 10, acceptance).
+//! Every required series of docs/metrics.md moves where its event happens (issue 10, acceptance).
 //!
 //! One real single-node server (role `all` with push, SQLite) is driven through refused upgrades,
 //! an assign, a host proof, two pairings with splices (one ended by the phone, one by an oversize
@@ -7,8 +7,8 @@
 //! for the exact increase; `promtool check metrics` runs on the text when promtool is installed
 //! (required under `CI=true`).
 
-#[path = "support/push/mod.rs"]
-mod push_support;
+mod support;
+use support::push as push_support;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -83,7 +83,24 @@ impl Scrape {
     fn has(&self, name: &str) -> bool {
         self.series.keys().any(|(n, _)| n == name)
     }
+    /// Every family named by a `# TYPE` line.
+    fn families(&self) -> Vec<String> {
+        self.text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .map(str::to_string)
+            .collect()
+    }
+    /// Whether the family `name` has a sample (histograms and summaries through their `_count`).
+    fn has_family_sample(&self, name: &str) -> bool {
+        self.has(name) || self.has(&format!("{name}_count"))
+    }
 }
+
+/// Labelled families whose label values are not a fixed set: the cells the operator registered.
+/// Their series appear as the director learns of the cells.
+const OPEN_LABEL_FAMILIES: &[&str] = &["orca_relay_cell_live"];
 
 async fn scrape(base: &str) -> Scrape {
     let r = reqwest::Client::new()
@@ -174,6 +191,15 @@ async fn every_required_series_moves() {
     let cfg = &s.running().ctx.config;
     let (public_url, cell_url) = (cfg.public_url.clone(), cfg.cell_url.clone());
     let before = scrape(&s.base).await;
+    // A fresh process has a sample for every family: alerts read 0, never "no data".
+    let families = before.families();
+    assert!(families.len() >= 30, "{families:?}");
+    for f in &families {
+        assert!(
+            before.has_family_sample(f),
+            "family {f} has no sample at start-up"
+        );
+    }
 
     // Refused upgrades: a query string (400) and a malformed host id (429).
     assert_eq!(raw_upgrade(addr, "/v1/connect/abc?x=1").await, 400);
@@ -292,6 +318,18 @@ async fn every_required_series_moves() {
     let d =
         |name: &str, labels: &[(&str, &str)]| after.get(name, labels) - before.get(name, labels);
 
+    // Every labelled series the run moved already existed, at zero, at start-up: the label sets
+    // of `orca_relay::metrics::labels` are complete for what happened here.
+    for (name, labels) in after.series.keys() {
+        if labels.is_empty() || OPEN_LABEL_FAMILIES.contains(&name.as_str()) {
+            continue;
+        }
+        assert!(
+            before.series.contains_key(&(name.clone(), labels.clone())),
+            "{name}{labels:?} appeared after start-up"
+        );
+    }
+
     for name in [
         "orca_relay_connections",
         "orca_relay_splices_active",
@@ -400,7 +438,7 @@ async fn every_required_series_moves() {
     // Store operations: assignment transactions and push session writes were timed.
     assert!(d("orca_relay_db_seconds_count", &[("op", "assignment")]) >= 1.0);
     assert!(d("orca_relay_db_seconds_count", &[("op", "push_session")]) >= 1.0);
-    // Push counters (push.md §12).
+    // Push counters (docs/metrics.md).
     assert_eq!(d("orca_push_challenge_issued_total", &[]), 1.0);
     assert_eq!(d("orca_push_session_issued_total", &[]), 1.0);
     assert_eq!(d("orca_push_send_error_total", &[]), 1.0);

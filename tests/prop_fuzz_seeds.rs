@@ -103,7 +103,7 @@ fn seeds() -> Vec<Seed> {
         data.to_string().into_bytes(),
     );
 
-    // Control messages (protocol.md §4.1).
+    // Control messages (docs/reference/websocket.md).
     let control = [
         ("pong", json!({"type":"pong","t":NOW_MS})),
         (

@@ -3,7 +3,7 @@
 //! host proofs, strict decoding of generated valid bodies) and "every refusal is the documented
 //! error" (the strict decoder's three outcomes, one per kind of defect).
 //!
-//! The coverage-guided fuzz targets for the same parsers live in `fuzz/` (README § Fuzzing).
+//! The coverage-guided fuzz targets for the same parsers live in `fuzz/` (docs/development.md, Fuzzing).
 
 use orca_relay::contract::strict::{self, Error};
 use orca_relay::contract::wire::CellHeartbeat;
@@ -11,6 +11,7 @@ use orca_relay::crypto::{
     self, b64, challenge, host_proof, jwt, nacl, ChallengeRandomness, HostBinding,
 };
 use orca_relay::leg::path::{self, Named};
+use orca_relay::push::routes as push_routes;
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -77,6 +78,23 @@ proptest! {
         prop_assume!(!(bad.len() == 2 && suffix.starts_with(|c: char| c.is_ascii_hexdigit())));
         prop_assume!(!(bad.len() == 1 && suffix.len() >= 2 && suffix[..2].bytes().all(|c| c.is_ascii_hexdigit())));
         prop_assert_eq!(path::percent_decode(&s), None, "{}", s);
+    }
+
+    /// Every path decoder refuses an escape whose two characters are not both hex digits, also
+    /// the ones an integer parser would take (`%+1`, `%-0`): the leg paths and the push device
+    /// path share one decoder.
+    #[test]
+    fn escapes_need_two_hex_digits(prefix in "[a-z]{0,4}", a in any::<char>(), b in any::<char>(), suffix in "[a-z]{0,4}") {
+        prop_assume!(!(a.is_ascii_hexdigit() && b.is_ascii_hexdigit()));
+        let s = format!("{prefix}%{a}{b}{suffix}");
+        prop_assume!(!s.contains('/'));
+        prop_assert_eq!(path::percent_decode(&s), None, "{}", s);
+        prop_assert_eq!(push_routes::device_path_id(&format!("/v1/devices/{s}")), None, "{}", s);
+        for sign in ["+", "-"] {
+            let s = format!("%{sign}{}", b.to_digit(16).unwrap_or(1));
+            prop_assert_eq!(path::percent_decode(&s), None, "{}", s);
+            prop_assert_eq!(push_routes::device_path_id(&format!("/v1/devices/{s}")), None, "{}", s);
+        }
     }
 
     /// Transcripts: encoding then parsing gives the fields back; any cut inside a field is refused.

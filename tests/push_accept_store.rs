@@ -1,4 +1,4 @@
-//! The per-recipient send transaction (`store::push::send_recipient`, push.md §6) on every
+//! The per-recipient send transaction (`store::push::send_recipient`, docs/reference/http.md) on every
 //! backend: the registration check and the accept steps in one transaction per recipient, with
 //! the rows each answer leaves behind (Postgres writes the event, the delivery and the recipient
 //! in one statement pipelined with `COMMIT`; SQLite runs them one by one: the rows must agree).

@@ -1,7 +1,6 @@
-//! Push gateway HTTP scenarios (push.md §14: U-01..U-20, U-36..U-39 accept rules, U-42..U-45), each
+//! Push gateway HTTP scenarios (docs/reference/http.md: U-01..U-20, U-36..U-39 accept rules, U-42..U-45), each
 //! on SQLite and, when configured, on Postgres.
 
-#[path = "support/push/mod.rs"]
 mod support;
 
 use std::time::Duration;
@@ -9,7 +8,7 @@ use std::time::Duration;
 use orca_relay::params;
 use reqwest::Method;
 use serde_json::json;
-use support::*;
+use support::push::*;
 
 async fn server(t: &orca_relay::store::testing::TestDb) -> Server {
     Server::start(&t.url, Opts::default()).await
@@ -68,7 +67,7 @@ async fn u05_to_u08_challenge_and_session() {
         assert!(c.ciphertext_b64.len() <= 16384);
         let now = orca_relay::clock::now_ms();
         assert!((c.expires_at - now - 10_000).abs() < 2_000);
-        // The box opens and all ten fields check against the configured origin (helper does §3.2).
+        // The box opens and all ten fields check against the configured origin (helper does).
         let proof = h.answer(&s, &c);
         // U-06
         let rejected = s.counter("challenge_rejected");
@@ -674,11 +673,10 @@ async fn shutting_down_refuses() {
         assert_eq!((st, v), (503, json!({"error":"shutting_down"})));
         assert_eq!(hd["retry-after"], "1");
     }
-    tokio::time::sleep(Duration::from_millis(1)).await;
     s.stop().await;
 }
 
-/// U-04: the normative vector of push.md §3.4 through the public API.
+/// U-04: the normative vector of docs/reference/http.md through the public API.
 #[test]
 fn u04_normative_vector() {
     use orca_relay::crypto::push_proof::{
@@ -725,11 +723,16 @@ fn u04_normative_vector() {
     assert_eq!(secret_hash(&proof), hash);
 }
 
-/// APNs keys: PKCS#8 and SEC1 PEM both load; anything else is refused.
+/// APNs keys: PKCS#8 and SEC1 PEM both load, SEC1 also after the `EC PARAMETERS` block that
+/// `openssl ecparam -genkey` writes first; anything else is refused.
 #[test]
 fn apns_key_formats() {
     use orca_relay::push::apns::load_key;
-    for pem in [keys::APNS_KEY_PEM, keys::APNS_KEY_SEC1_PEM] {
+    let with_params = format!(
+        "-----BEGIN EC PARAMETERS-----\nBggqhkjOPQMBBw==\n-----END EC PARAMETERS-----\n{}",
+        keys::APNS_KEY_SEC1_PEM
+    );
+    for pem in [keys::APNS_KEY_PEM, keys::APNS_KEY_SEC1_PEM, &with_params] {
         let key = load_key(pem).unwrap();
         let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
         header.kid = Some("KEYID12345".into());
@@ -740,9 +743,14 @@ fn apns_key_formats() {
             &key,
         )
         .expect("signs");
-        support::fakes::verify_apns_jwt(Some(&format!("bearer {jwt}"))).unwrap();
+        support::push::fakes::verify_apns_jwt(Some(&format!("bearer {jwt}"))).unwrap();
     }
     assert!(load_key(keys::FCM_KEY_PEM).is_err());
+    assert!(load_key(
+        "-----BEGIN EC PARAMETERS-----\nBggqhkjOPQMBBw==\n-----END EC PARAMETERS-----\n"
+    )
+    .is_err());
+    assert!(load_key("").is_err());
 }
 
 /// Validation mode: `/health` says so, push routes answer `503 validation_only`.
@@ -771,7 +779,7 @@ async fn validation_mode() {
     s.stop().await;
 }
 
-/// The claim rules of push.md §7 at the store level: one live lease per registration, due order,
+/// The claim rules of ARCHITECTURE.md at the store level: one live lease per registration, due order,
 /// a row in backoff does not block newer due rows, every finish matches the lease token.
 #[tokio::test]
 async fn claim_rules() {
@@ -822,7 +830,7 @@ async fn claim_rules() {
     .await;
 }
 
-/// Prune sweeps (push.md §11).
+/// Prune sweeps (docs/reference/http.md).
 #[tokio::test]
 async fn prune_sweeps() {
     run_all(|t| async move {

@@ -1,4 +1,4 @@
-//! The batched claim and finish of the delivery worker (push.md §7, `store::push::claim_batch` and
+//! The batched claim and finish of the delivery worker (ARCHITECTURE.md, `store::push::claim_batch` and
 //! `finish_batch`) on every backend: heads only and one live lease per registration, even with
 //! concurrent claimers; a lapsed lease is reclaimed and the lost lease's finish changes nothing
 //! (at-least-once); finishes match their lease token; fenced heads are deleted, not leased.

@@ -1,15 +1,14 @@
-//! Delivery scenarios against the fake APNs and fake FCM (push.md §14: U-21..U-39, U-41, U-46, U-48,
+//! Delivery scenarios against the fake APNs and fake FCM (docs/reference/http.md: U-21..U-39, U-41, U-46, U-48,
 //! U-49), each on SQLite and, when configured, on Postgres.
 
-#[path = "support/push/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use serde_json::{json, Value};
-use support::fakes::{self, Answer, Fake};
-use support::*;
+use support::push::fakes::{self, Answer, Fake};
+use support::push::*;
 use tokio_util::sync::CancellationToken;
 
 const DELIVERED: Duration = Duration::from_secs(5);
@@ -246,8 +245,8 @@ async fn u25_token_endpoint_failure() {
         w.fcm.set_token_endpoint(500, "{}");
         let t0 = Instant::now();
         assert_eq!(w.send(&[&id], alert("t1", 1)).await, ["queued"]);
-        // Let it fail for 3 s, then heal.
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // The worker tried it against the failing token endpoint, rescheduled it and went idle.
+        assert_eq!(settled(&w.s).await, 1, "still pending after the failed try");
         assert!(
             w.fcm.seen_for(&token).is_empty(),
             "no FCM request while the token fails"
@@ -497,7 +496,8 @@ async fn u33_u34_one_in_flight_per_registration() {
             vec![Answer::status(200, "").delay(Duration::from_secs(1))],
         );
         assert_eq!(w.send(&[&a], alert("a1", 1)).await, ["queued"]);
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        // a1 is in flight (its answer held 1 s) before a2 is queued.
+        assert_eq!(w.apns.wait_for(&atok, 1, DELIVERED).await.len(), 1);
         assert_eq!(w.send(&[&a], alert("a2", 2)).await, ["queued"]);
         assert_eq!(w.send(&[&b], alert("b1", 3)).await, ["queued"]);
         let sa = w.apns.wait_for(&atok, 2, DELIVERED).await;
@@ -640,7 +640,9 @@ async fn u41_two_processes() {
                 ["queued"]
             );
         }
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        // The next round is created 2 ms later on the test clock: the send order is the
+        // creation order.
+        jump(Duration::from_millis(2)).await;
     }
     for (_, token) in &devs {
         let seen = apns.wait_for(token, 10, Duration::from_secs(10)).await;

@@ -1,30 +1,31 @@
-//! Push scenarios that need the real binary (push.md §14): U-47 configuration errors, U-40 crash
+//! Push scenarios that need the real binary (docs/reference/http.md): U-47 configuration errors, U-40 crash
 //! recovery (SIGKILL with leased deliveries), U-50 SIGTERM with a held delivery, and the log scan of
 //! the processes' output (U-48).
 
-#[path = "support/push/mod.rs"]
 mod support;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use support::fakes::{self, Answer, Fake};
-use support::*;
+use support::common::proc as cproc;
+use support::push::fakes::{self, Answer, Fake};
+use support::push::*;
 use tokio_util::sync::CancellationToken;
 
-const BIN: &str = env!("CARGO_BIN_EXE_orca-relay");
-
-fn base_env(cmd: &mut Command, db_url: &str) {
-    cmd.env_clear()
-        .env("ORCA_RELAY_ROLE", "push")
-        .env("ORCA_RELAY_LISTEN", "127.0.0.1:0")
-        .env("ORCA_RELAY_DATABASE_URL", db_url)
-        .env("ORCA_RELAY_ADMIN_TOKEN", ADMIN)
-        .env("ORCA_RELAY_TRUSTED_PROXY_HOPS", "1")
-        .env("RUST_LOG", "info");
+/// The environment every process of these tests starts with (on top of `PATH` and `RUST_LOG`).
+fn base_env(db_url: &str) -> Vec<(String, String)> {
+    [
+        ("ORCA_RELAY_ROLE", "push"),
+        ("ORCA_RELAY_LISTEN", "127.0.0.1:0"),
+        ("ORCA_RELAY_DATABASE_URL", db_url),
+        ("ORCA_RELAY_ADMIN_TOKEN", ADMIN),
+        ("ORCA_RELAY_TRUSTED_PROXY_HOPS", "1"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
 }
 
 /// U-47: each bad variable stops start-up with one stderr line naming it.
@@ -67,14 +68,10 @@ fn u47_config_errors() {
         ),
     ];
     for (vars, name) in cases {
-        let mut cmd = Command::new(BIN);
-        base_env(&mut cmd, &db);
-        for (k, v) in &vars {
-            cmd.env(k, v);
-        }
-        let out = cmd.arg("serve").output().unwrap();
-        assert!(!out.status.success(), "{name} accepted");
-        let err = String::from_utf8_lossy(&out.stderr);
+        let mut envs = base_env(&db);
+        envs.extend(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let (code, err) = cproc::run_to_exit(&cproc::Spec::new("push", &[], &envs));
+        assert_ne!(code, 0, "{name} accepted");
         let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
         assert_eq!(lines.len(), 1, "{name}: {err}");
         assert!(lines[0].contains(name), "{name}: {err}");
@@ -83,38 +80,33 @@ fn u47_config_errors() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// A spawned server process, its address and every stderr line it wrote.
+/// A push process (the real binary) and its address.
 struct Proc {
     child: Child,
     base: String,
 }
 
-fn spawn(db_url: &str, apns: &Fake, lines: Arc<Mutex<Vec<String>>>) -> Proc {
-    let mut cmd = Command::new(BIN);
-    base_env(&mut cmd, db_url);
-    cmd.env("ORCA_PUSH_APNS_KEY", keys::APNS_KEY_PEM)
-        .env("ORCA_PUSH_APNS_KEY_ID", "KEYID12345")
-        .env("ORCA_PUSH_APPLE_TEAM_ID", "TEAM123456")
-        .env("ORCA_PUSH_APNS_BASE_URL", apns.base_url())
-        .arg("serve")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let sink = lines.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(addr) = line.split("listening on ").nth(1) {
-                let _ = tx.send(addr.trim().to_string());
-            }
-            sink.lock().unwrap().push(line);
-        }
-    });
-    let base = rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("server did not start");
-    Proc { child, base }
+fn spawn(db_url: &str, apns: &Fake, lines: cproc::Log) -> Proc {
+    let mut envs = base_env(db_url);
+    envs.extend(
+        [
+            ("ORCA_PUSH_APNS_KEY", keys::APNS_KEY_PEM.to_string()),
+            ("ORCA_PUSH_APNS_KEY_ID", "KEYID12345".into()),
+            ("ORCA_PUSH_APPLE_TEAM_ID", "TEAM123456".into()),
+            ("ORCA_PUSH_APNS_BASE_URL", apns.base_url()),
+        ]
+        .map(|(k, v)| (k.to_string(), v)),
+    );
+    let spawned = cproc::spawn_serve(
+        &cproc::Spec::new("push", &[], &envs),
+        &lines,
+        Duration::from_secs(20),
+    )
+    .expect("server did not start");
+    Proc {
+        child: spawned.child,
+        base: format!("http://{}", spawned.addr),
+    }
 }
 
 impl Proc {
@@ -129,21 +121,12 @@ impl Proc {
     }
 
     fn kill9(&mut self) {
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGKILL);
-        }
-        let _ = self.child.wait();
-    }
-
-    fn sigterm(&self) {
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
+        cproc::kill(&mut self.child);
     }
 }
 
-fn scan(lines: &Mutex<Vec<String>>, secrets: &[String]) {
-    let lines = lines.lock().unwrap();
+fn scan(lines: &cproc::Log, secrets: &[String]) {
+    let lines = cproc::lines(lines);
     assert!(!lines.is_empty());
     for s in secrets {
         for l in lines.iter() {
@@ -218,7 +201,8 @@ async fn u40_crash_recovery() {
             assert_eq!(apns.max_open(token), 1, "never two deliveries in flight");
         }
         assert!(started.elapsed() < Duration::from_secs(40));
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // Both live workers went idle after the last delivery: nothing more is due.
+        p2.server().worker_settled().await;
         for (_, token) in &devices {
             assert_eq!(apns.seen_for(token).len(), 4, "no further request");
         }
@@ -250,36 +234,42 @@ async fn u50_sigterm() {
             1
         );
         let signalled = Instant::now();
-        p.sigterm();
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        cproc::signal(&p.child, libc::SIGTERM);
+        // Until the process has seen the signal a request is still served; from then on it is
+        // refused: `503 shutting_down`, or a refused connection once the listener closed.
         let fresh = reqwest::Client::builder()
             .pool_max_idle_per_host(0)
             .build()
             .unwrap();
-        if let Ok(resp) = fresh
-            .get(format!("{}/v1/devices", s.base))
-            .header("authorization", format!("Bearer {tok}"))
-            .send()
-            .await
-        {
-            assert_eq!(resp.status().as_u16(), 503);
-            assert_eq!(
-                resp.json::<serde_json::Value>().await.unwrap(),
-                json!({"error":"shutting_down"})
-            );
-        }
-        let status = loop {
-            if let Some(st) = p.child.try_wait().unwrap() {
-                break st;
+        let refused = eventually(Duration::from_secs(10), || async {
+            match fresh
+                .get(format!("{}/v1/devices", s.base))
+                .header("authorization", format!("Bearer {tok}"))
+                .send()
+                .await
+            {
+                Ok(resp) if resp.status().as_u16() == 200 => false,
+                Ok(resp) => {
+                    assert_eq!(resp.status().as_u16(), 503);
+                    assert_eq!(
+                        resp.json::<serde_json::Value>().await.unwrap(),
+                        json!({"error":"shutting_down"})
+                    );
+                    true
+                }
+                Err(_) => true,
             }
-            assert!(
-                signalled.elapsed() < Duration::from_secs(10),
-                "no exit within 10 s"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        })
+        .await;
+        assert!(refused, "requests refused after SIGTERM");
+        let exited = tokio::task::block_in_place(|| {
+            cproc::wait_exit(
+                &mut p.child,
+                Duration::from_secs(10).saturating_sub(signalled.elapsed()),
+            )
+        });
+        assert!(exited.is_some(), "no exit within 10 s");
         assert!(signalled.elapsed() < Duration::from_secs(10));
-        let _ = status;
         hold.cancel();
         let mut p2 = spawn(&t.url, &apns, lines.clone());
         // The lease (30 s, renewed every 10 s while the old process held the call) must lapse first.

@@ -1,14 +1,13 @@
-//! Strict bodies on the push gateway's registry and send routes (issue 11, push.md §5–§6): an
+//! Strict bodies on the push gateway's registry and send routes (issue 11, docs/reference/http.md): an
 //! array instead of the object, `null` for an optional field, a duplicate key, an unknown key and
 //! a wrong type all answer `400 {"error":"invalid_request"}` and write nothing; `agentState`,
 //! the one field whose value may be `null`, still takes it. SQLite and, when configured, Postgres.
 
-#[path = "support/push/mod.rs"]
 mod support;
 
 use reqwest::Method;
 use serde_json::{json, Value};
-use support::*;
+use support::push::*;
 
 async fn raw(s: &Server, path: &str, tok: &str, body: String) -> (u16, Value) {
     let (st, _, v) = s.call(Method::POST, path, Some(tok), Some(body)).await;
@@ -90,7 +89,7 @@ async fn send_body_is_a_strict_object() {
             assert_eq!(raw(&s, "/v1/send", &tok, body.clone()).await, invalid(), "{body}");
         }
         assert_eq!(s.counter("send_queued"), queued, "a rejected send queued something");
-        // `agentState` is a required key whose value may be null (push.md §6).
+        // `agentState` is a required key whose value may be null (docs/reference/http.md).
         let (st, v) = raw(&s, "/v1/send", &tok, with("agentState", Value::Null)).await;
         assert_eq!(st, 200, "{v}");
         assert_eq!(v["results"][0]["status"], json!("queued"));

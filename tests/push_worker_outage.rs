@@ -1,13 +1,12 @@
 //! During a database failure the delivery worker logs `orca_push_worker_failed` once per failed
-//! run (push.md §7), not once per drain (12 per run): the push_deliveries table is renamed away so
+//! run (ARCHITECTURE.md), not once per drain (12 per run): the push_deliveries table is renamed away so
 //! every claim fails, on SQLite and, when configured, on Postgres.
 
-#[path = "support/push/mod.rs"]
 mod support;
 
 use std::time::Duration;
 
-use support::*;
+use support::push::*;
 
 fn worker_failed_lines() -> usize {
     logs()

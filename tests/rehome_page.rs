@@ -1,4 +1,4 @@
-//! The idle-rehome worker's page read (director.md §8.3: "reads one page (≤ 50 hosts) … continuing
+//! The idle-rehome worker's page read (docs/reference/http.md: "reads one page (≤ 50 hosts) … continuing
 //! after the last key of the previous poll and wrapping at the end") on SQLite and (when
 //! configured) Postgres: `store::region::candidate_page` with its after/through bounds and
 //! `rehome::service::candidate_page`, which fills a short read after the cursor from the first key

@@ -1,10 +1,9 @@
-//! `commitIdleRegionalRehome` and `reconcileIdleRegionalRehome` (director.md §8.4, §8.5), the
-//! control row and reports, on SQLite and (when configured) Postgres, checking the §1.5 invariants
+//! `commitIdleRegionalRehome` and `reconcileIdleRegionalRehome` (docs/reference/http.md), the
+//! control row and reports, on SQLite and (when configured) Postgres, checking the invariants
 //! after every write.
 
-mod director_common;
+mod support;
 
-use director_common::check_invariants;
 use orca_relay::contract::wire::Safety;
 use orca_relay::director::assign::{assign, AssignOptions};
 use orca_relay::model::Admission;
@@ -14,6 +13,7 @@ use orca_relay::store::assignments::{activate_control, ActivateControl, HostKey}
 use orca_relay::store::cells::{self, Beat, CellSpec};
 use orca_relay::store::testing::backends;
 use orca_relay::store::{region, Db};
+use support::director::check_invariants;
 
 const US: &str = "us-central1";
 const ASIA: &str = "asia-east2";
@@ -73,7 +73,7 @@ fn clean() -> Safety {
     }
 }
 
-/// The §3.7 status: protocol 3 and this safety, received now.
+/// The status: protocol 3 and this safety, received now.
 async fn status(db: &Db, id: &str, s: &Safety) {
     db.execute(
         "UPDATE relay_cell_runtime SET regional_rehome_protocol = 3, safety_json = $2, safety_received_at = $3 WHERE cell_id = $1",
@@ -272,7 +272,7 @@ async fn commit_moves_the_exact_host_and_redelivery_is_committed() {
     }
 }
 
-/// Every deferral of §8.4 answers its reason and leaves the host where it was.
+/// Every deferral of answers its reason and leaves the host where it was.
 #[tokio::test]
 async fn commit_deferrals_leave_the_host() {
     for t in backends().await {
@@ -468,17 +468,19 @@ async fn control_defaults_generation_and_disable() {
         assert!(service::record_dispatch(db, true, now())
             .await
             .unwrap()
-            .is_none());
+            .is_empty());
         assert!(service::record_dispatch(db, true, now())
             .await
             .unwrap()
-            .is_none());
+            .is_empty());
         let t3 = now();
-        let e = service::record_dispatch(db, true, t3)
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(e.0, "orca_relay_regional_rehome_failure_budget_disabled");
+        let e = service::record_dispatch(db, true, t3).await.unwrap();
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert_eq!(e[0].0, "orca_relay_regional_rehome_failure_budget_disabled");
+        // Like every automatic disable (docs/reference/http.md).
+        assert_eq!(e[1].0, "orca_relay_regional_rehome_safety_disabled");
+        assert_eq!(e[1].1["reason"], "failure-budget");
+        assert_eq!(e[1].1["generation"], 2);
         let c = region::read_control(db).await.unwrap();
         assert_eq!(c.disabled_reason.as_deref(), Some("failure-budget"));
         assert_eq!(c.paused_until, t3 + 300_000);
@@ -511,7 +513,7 @@ async fn database_cut_during_commit_writes_nothing() {
     let (h, req) = fixture(db).await;
     let upstream = "127.0.0.1:5432";
     assert!(t.url.contains(upstream));
-    let proxy = director_common::PgProxy::open("127.0.0.1:0".parse().unwrap(), upstream).await;
+    let proxy = support::director::PgProxy::open("127.0.0.1:0".parse().unwrap(), upstream).await;
     let cut_url = t.url.replace(upstream, &proxy.addr.to_string());
     let cut_db = Db::connect(&cut_url, 2).await.unwrap();
     assert_eq!(
@@ -526,7 +528,7 @@ async fn database_cut_during_commit_writes_nothing() {
         count(db, "SELECT COUNT(*) FROM relay_region_rehome_attempts").await,
         0
     );
-    let proxy = director_common::PgProxy::open(proxy.addr, upstream).await;
+    let proxy = support::director::PgProxy::open(proxy.addr, upstream).await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     let answer = loop {
         match service::reconcile(&cut_db, &req, now()).await {
@@ -543,7 +545,7 @@ async fn database_cut_during_commit_writes_nothing() {
     cut_db.close();
 }
 
-/// §8.6: an idle-rehome migration that never arrives is rolled back to its live `general`
+///: an idle-rehome migration that never arrives is rolled back to its live `general`
 /// source; the attempt is aborted `host_not_arrived` and, in its own transaction afterwards, the
 /// control is disabled with that reason. Outcomes count it without host identities.
 #[tokio::test]

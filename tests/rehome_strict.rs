@@ -1,6 +1,6 @@
 //! Strict input of every idle-rehome body (issue 8, "bad input"): `POST /v1/admin/host-idle-rehome`
-//! (protocol.md §13), `POST /v1/admin/regional-rehome-control` (director.md §3.8) and the
-//! `regionCorrection` objects of `/v1/assign` (`issue-window`, both `report` shapes, §8.1).
+//! (docs/reference/http.md), `POST /v1/admin/regional-rehome-control` (docs/reference/http.md) and the
+//! `regionCorrection` objects of `/v1/assign` (`issue-window`, both `report` shapes).
 //!
 //! Each body starts from a valid template (shown to be accepted) and is mutated by a generated
 //! table: every key removed (required keys), set to `null`, an array, an object and each wrong
@@ -10,12 +10,11 @@
 //! request_too_large` over 4 096 B, `401 invalid_token` before the body is read). Schema checks
 //! touch no database, so this runs on SQLite only.
 
-#[path = "support/cell/mod.rs"]
 mod support;
 
 use orca_relay::store::testing::TestDb;
 use serde_json::{json, Map, Value};
-use support::*;
+use support::node::*;
 
 const US: &str = "us-central1";
 const ASIA: &str = "asia-east2";

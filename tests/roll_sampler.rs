@@ -1,10 +1,9 @@
 //! The roll benchmark's double-serving verdict (`tests/support/roll_sampler.rs`) on hand-made
 //! lease sets: what counts as two running processes serving one host, and what does not.
 
-#[path = "support/region.rs"]
-mod region;
-#[path = "support/roll_sampler.rs"]
-mod roll_sampler;
+mod support;
+use support::region;
+use support::roll_sampler;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;

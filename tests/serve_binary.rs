@@ -1,8 +1,8 @@
 //! The real binary: `orca-relay serve` with nothing configured creates its data directory and
 //! secrets, serves, restarts with the same secrets, exits on SIGTERM, and never logs a secret.
 
-#[path = "support/common/mod.rs"]
-mod common;
+mod support;
+use support::common;
 
 use std::path::Path;
 use std::process::{Child, Command};
@@ -285,7 +285,7 @@ async fn admin_and_host_token_commands_talk_to_a_running_server() {
     let _ = std::fs::remove_dir_all(&cwd);
 }
 
-/// `--help` of every command lists its environment variables and defaults (operations.md §5).
+/// `--help` of every command lists its environment variables and defaults (README.md).
 #[test]
 fn every_help_lists_environment_and_defaults() {
     let help = |args: &[&str]| {

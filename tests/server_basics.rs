@@ -1,8 +1,8 @@
 //! The server skeleton over real HTTP: health and readiness, role routing, body limits, the admin
-//! bearer, and `POST /v1/host-token` (protocol.md §2.1, P-01/P-02).
+//! bearer, and `POST /v1/host-token` (docs/reference/http.md, P-01/P-02).
 
-#[path = "support/common/mod.rs"]
-mod common;
+mod support;
+use support::common;
 
 use orca_relay::crypto;
 use orca_relay::server::Running;

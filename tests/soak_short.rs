@@ -5,10 +5,10 @@
 //! of the last desktops has run out and the process is quiet, its RSS, open fds, live runtime
 //! tasks and the cell's reserved request units must be back within ±10 % of the baseline (fds
 //! and tasks come back exactly). Prints the series. The 10-minute version is `examples/soak.rs`
-//! (README, Benchmarks).
+//! (docs/benchmarks.md).
 
-#[path = "support/soak.rs"]
-mod soak;
+mod support;
+use support::soak;
 
 use std::time::Duration;
 

@@ -8,16 +8,14 @@
 //!   stated bound (readiness cache + one call deadline), with no restart;
 //! - SIGTERM during a black hole exits 0 within the 10 s deadline, with no
 //!   `orca_push_shutdown_failed`;
-//! - every stderr line of the run follows README §6.
+//! - every stderr line of the run follows docs/reference/http.md.
 //!
 //! Postgres only: a SQLite file cannot be partitioned.
 
-#[path = "support/cluster/mod.rs"]
-mod cluster;
-#[path = "support/logfmt.rs"]
-mod logfmt;
-#[path = "support/pgproxy.rs"]
-mod pgproxy;
+mod support;
+use support::cluster;
+use support::logfmt;
+use support::pgproxy;
 
 use std::time::{Duration, Instant};
 
@@ -29,7 +27,7 @@ use serde_json::json;
 
 /// The store's client-side call deadline (`store::postgres::CALL_DEADLINE`).
 const CALL_DEADLINE: Duration = Duration::from_secs(6);
-/// `/ready` caches its verdict this long (operations.md §1).
+/// `/ready` caches its verdict this long (docs/reference/http.md).
 const READY_CACHE: Duration = Duration::from_secs(10);
 /// Scheduling slack on a loaded 2-core machine.
 const SLACK: Duration = Duration::from_secs(3);

@@ -2,17 +2,15 @@
 //! Postgres: a cut (connections closed, new ones refused) and a black hole (sockets open, no
 //! byte moves). Postgres only: a SQLite file cannot be partitioned.
 
-#[path = "support/pgproxy.rs"]
-mod pgproxy;
-#[path = "support/cell/mod.rs"]
 mod support;
+use support::pgproxy;
 
 use std::time::Instant;
 
 use orca_relay::store::testing::TestDb;
 use pgproxy::PgProxy;
 use serde_json::json;
-use support::*;
+use support::node::*;
 
 async fn pg() -> Option<TestDb> {
     let t = TestDb::postgres().await;
@@ -25,7 +23,7 @@ async fn pg() -> Option<TestDb> {
     t
 }
 
-/// protocol.md §4.1: a transient store fault answers `control_operation_failed`, for
+/// docs/reference/websocket.md: a transient store fault answers `control_operation_failed`, for
 /// `invite-create` and for an install whose activity cannot be acquired.
 #[tokio::test]
 async fn commands_during_a_db_cut_answer_control_operation_failed() {

@@ -1,10 +1,9 @@
-//! Strict input everywhere (issue 11, protocol.md §0, README §6): every request body and every
+//! Strict input everywhere (issue 11, docs/reference/websocket.md, docs/reference/http.md): every request body and every
 //! frame is an object with exactly the documented keys; a JSON array where an object belongs and
 //! `null` for an optional field are refused with the route's documented error.
 //!
 //! Table-driven over real HTTP and real WebSockets against an in-process `--role all` server.
 
-#[path = "support/cell/mod.rs"]
 mod support;
 
 use std::time::Duration;
@@ -13,7 +12,7 @@ use futures_util::SinkExt;
 use orca_relay::cell::testkit::{self, recv_close};
 use orca_relay::crypto;
 use serde_json::{json, Value};
-use support::{dbs, start_on, Host, Server, ADMIN, CLUSTER, SELF_HOSTED};
+use support::node::{dbs, start_on, Host, Server, ADMIN, CLUSTER, SELF_HOSTED};
 use tokio_tungstenite::tungstenite::Message;
 
 fn now() -> i64 {

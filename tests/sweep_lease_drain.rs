@@ -2,14 +2,14 @@
 //! one run (batches of 500 leases, one transaction per host), not 500 per 30 s sweep. On SQLite
 //! and Postgres.
 
-mod director_common;
+mod support;
 
 use std::time::Instant;
 
-use director_common::*;
 use orca_relay::director::sweeps;
 use orca_relay::store::testing::backends;
 use serde_json::json;
+use support::director::*;
 
 /// Hosts granted in the burst (each left with an expired `control-pending` lease): more than
 /// three batches.

@@ -5,7 +5,6 @@
 //!
 //! Skips with a note when `pebble` is not installed, unless `CI=true` (then it fails).
 
-#[path = "support/tls/mod.rs"]
 mod support;
 
 use std::io::{BufRead, BufReader};
@@ -14,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use orca_relay::cell::testkit::{self, Pair};
 use orca_relay::store::testing::temp_dir;
-use support::{served_cert, splice_works, Relay, TestCa};
+use support::tls::{served_cert, splice_works, Relay, TestCa};
 
 const SIGNING: &str = "tls-acme-signing-key-tls-acme-signing-key-01";
 const SELF_HOSTED: &str = "tls-acme-self-hosted-key-tls-acme-self-hosted";
@@ -101,8 +100,26 @@ fn start_pebble(dir: &std::path::Path, ca: &TestCa, tls_port: u16) -> (Pebble, u
 }
 
 async fn pair(public: &str) -> (testkit::HostControl, Pair) {
-    let (_, control, p) = support::paired(public, SIGNING, "acme-user").await;
+    let (_, control, p) = support::tls::paired(public, SIGNING, "acme-user").await;
     (control, p)
+}
+
+/// A cell without a certificate heartbeats not ready: hosts are placed on it only once a
+/// heartbeat after the certificate arrived says ready (`/ready` 200 first).
+async fn wait_placeable(public: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let host = testkit::HostIdentity::generate("acme-probe");
+        let token = host.token(SIGNING, public);
+        match testkit::assign(public, &token, &host.relay_host_id).await {
+            Ok(_) => return,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("not placeable yet: {e:?}");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => panic!("the cell never became placeable: {e:?}"),
+        }
+    }
 }
 
 fn count(relay: &Relay, needle: &str) -> usize {
@@ -161,15 +178,27 @@ async fn acme_obtains_caches_and_renews_against_pebble() {
         .unwrap();
     testkit::trust_extra_ca(root.as_bytes());
     let addr = format!("127.0.0.1:{port}");
-    let first = served_cert(&addr, "localhost", support::client_config(&root))
+    let first = served_cert(&addr, "localhost", support::tls::client_config(&root))
         .await
         .expect("the ACME certificate verifies against pebble's root");
+    wait_placeable(&public).await;
     let (_c, mut p) = pair(&public).await;
     splice_works(&mut p, "first").await;
     drop(p);
     assert_eq!(relay.terminate(), 0);
-    let cache = std::fs::read_dir(dir.join("data/acme")).unwrap().count();
-    assert!(cache >= 3, "account, certificate and key are cached");
+    let cache: Vec<String> = std::fs::read_dir(dir.join("data/acme"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        cache.iter().any(|n| n.starts_with("account-")),
+        "the account is cached: {cache:?}"
+    );
+    // Certificate and key in one file, written whole: never a certificate beside another key.
+    let certs: Vec<&String> = cache.iter().filter(|n| n.starts_with("cert-")).collect();
+    assert_eq!(certs.len(), 1, "one combined certificate file: {cache:?}");
+    let both = std::fs::read_to_string(dir.join("data/acme").join(certs[0])).unwrap();
+    assert!(both.contains("BEGIN CERTIFICATE") && both.contains("PRIVATE KEY"));
 
     // A restart serves the cached certificate and orders nothing.
     let relay = Relay::spawn(&dir, &envs);
@@ -177,10 +206,11 @@ async fn acme_obtains_caches_and_renews_against_pebble() {
         "serving the cached ACME certificate",
         Duration::from_secs(10)
     ));
-    let again = served_cert(&addr, "localhost", support::client_config(&root))
+    let again = served_cert(&addr, "localhost", support::tls::client_config(&root))
         .await
         .unwrap();
     assert_eq!(again, first, "the cached certificate is reused");
+    wait_placeable(&public).await;
     let (_c, mut p) = pair(&public).await;
     splice_works(&mut p, "restarted").await;
     assert_eq!(count(&relay, "ACME certificate obtained"), 0);
@@ -195,7 +225,7 @@ async fn acme_obtains_caches_and_renews_against_pebble() {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut renewed = again.clone();
     while Instant::now() < deadline && renewed == again {
-        renewed = served_cert(&addr, "localhost", support::client_config(&root))
+        renewed = served_cert(&addr, "localhost", support::tls::client_config(&root))
             .await
             .unwrap();
     }
@@ -203,5 +233,64 @@ async fn acme_obtains_caches_and_renews_against_pebble() {
     splice_works(&mut p, "after-renewal").await;
     let (_c2, mut p2) = pair(&public).await;
     splice_works(&mut p2, "new-after-renewal").await;
+    assert_eq!(relay.terminate(), 0);
+}
+
+/// A CA that cannot be reached: the relay keeps its listener up without a certificate and retries
+/// on a short schedule (5 s, then 10 s, jittered down by at most a fifth), not minutes apart.
+#[tokio::test]
+async fn acme_retries_a_ca_outage_within_seconds() {
+    let dir = temp_dir("orca-relay-acme-outage");
+    let port = free_port();
+    let dead = free_port();
+    let envs = vec![
+        ("ORCA_RELAY_LISTEN", format!("127.0.0.1:{port}")),
+        (
+            "ORCA_RELAY_DATA_DIR",
+            dir.join("data").display().to_string(),
+        ),
+        ("ORCA_RELAY_TLS_ACME_DOMAINS", "localhost".to_string()),
+        (
+            "ORCA_RELAY_TLS_ACME_DIRECTORY",
+            format!("https://127.0.0.1:{dead}/dir"),
+        ),
+        ("ORCA_RELAY_ASSIGNMENT_SIGNING_KEY", SIGNING.into()),
+        ("ORCA_RELAY_SELF_HOSTED_KEY", SELF_HOSTED.into()),
+        ("ORCA_RELAY_ADMIN_TOKEN", ADMIN.into()),
+        ("ORCA_RELAY_CLUSTER_KEY", CLUSTER.into()),
+    ];
+    let relay = Relay::spawn(&dir, &envs);
+    assert!(
+        relay.wait_log("ACME order failed", Duration::from_secs(30)),
+        "{:?}",
+        relay.lines()
+    );
+    assert!(
+        relay.wait_more("ACME order failed", 1, Duration::from_secs(20)),
+        "a second attempt within seconds: {:?}",
+        relay.lines()
+    );
+    let waits: Vec<u64> = relay
+        .lines()
+        .iter()
+        .filter(|l| l.contains("ACME order failed"))
+        .filter_map(|l| {
+            l.rsplit("retrying in ")
+                .next()?
+                .trim_end_matches('s')
+                .trim()
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert!(waits.len() >= 2, "{waits:?}");
+    assert!(
+        (4..=5).contains(&waits[0]),
+        "first retry 5 s (jittered): {waits:?}"
+    );
+    assert!(
+        (8..=10).contains(&waits[1]),
+        "then 10 s (jittered): {waits:?}"
+    );
     assert_eq!(relay.terminate(), 0);
 }

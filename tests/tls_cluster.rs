@@ -4,26 +4,18 @@
 //! the CA file cannot (its beats fail verification), which shows the check is real. A host then
 //! assigns at the director and connects its control leg to the cell over `wss://`.
 
-#[path = "support/tls/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};
 
 use orca_relay::cell::testkit::{self, Hello, HostIdentity};
 use orca_relay::store::testing::temp_dir;
-use support::{write_pair, Relay, TestCa};
+use support::tls::common::ports::free_port;
+use support::tls::{write_pair, Relay, TestCa};
 
 const SIGNING: &str = "tls-cluster-signing-key-tls-cluster-signing-1";
 const ADMIN: &str = "tls-cluster-admin-token-tls-cluster-admin-01";
 const CLUSTER: &str = "tls-cluster-node-key-tls-cluster-node-key-01";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 async fn cell_runtime(director: &str, cell_id: &str) -> serde_json::Value {
     let v: serde_json::Value = testkit::http_client()

@@ -5,14 +5,13 @@
 //! live splices; a bad replacement is refused and logged while the old pair keeps serving; and
 //! start-up refuses a certificate that does not cover the public URL or a key that does not match.
 
-#[path = "support/tls/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};
 
 use orca_relay::cell::testkit::{self, Pair};
 use orca_relay::store::testing::temp_dir;
-use support::{first_der, served_cert, splice_works, write_pair, Relay, TestCa};
+use support::tls::{first_der, served_cert, splice_works, write_pair, Relay, TestCa};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const SIGNING: &str = "tls-test-signing-key-tls-test-signing-key-01";
@@ -36,7 +35,7 @@ fn envs(cert: &std::path::Path, key: &std::path::Path) -> Vec<(&'static str, Str
 
 /// A host with a control socket and one paired phone, all over TLS.
 async fn paired(public: &str) -> (testkit::HostControl, Pair) {
-    let (cell_url, control, pair) = support::paired(public, SIGNING, "tls-user").await;
+    let (cell_url, control, pair) = support::tls::paired(public, SIGNING, "tls-user").await;
     assert_eq!(
         cell_url, public,
         "with TLS on the cell URL defaults to https"
@@ -64,7 +63,7 @@ async fn metric(relay: &Relay, series: &str) -> f64 {
 async fn wait_served(addr: &str, ca: &str, want: &rustls::pki_types::CertificateDer<'_>) -> bool {
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
-        if let Ok(c) = served_cert(addr, "localhost", support::client_config(ca)).await {
+        if let Ok(c) = served_cert(addr, "localhost", support::tls::client_config(ca)).await {
             if &c == want {
                 return true;
             }
@@ -80,11 +79,7 @@ async fn wss_pair_splice_and_clean_refusals() {
     let ca = TestCa::new("orca tls test ca");
     let (cert, key) = ca.issue(NAMES);
     let (cp, kp) = write_pair(&dir, &cert, &key);
-    let mport = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let mport = support::tls::common::ports::free_port();
     let mut env = envs(&cp, &kp);
     env.push(("ORCA_RELAY_METRICS_LISTEN", format!("127.0.0.1:{mport}")));
     env.push(("ORCA_RELAY_METRICS_TLS", "1".into()));
@@ -118,7 +113,7 @@ async fn wss_pair_splice_and_clean_refusals() {
     let wrong = served_cert(
         &relay.addr,
         "wrong.example",
-        support::client_config(&ca.pem),
+        support::tls::client_config(&ca.pem),
     )
     .await;
     let err = wrong.expect_err("a name the certificate does not cover is refused");
@@ -215,9 +210,13 @@ async fn cert_files_reload_without_closing_splices() {
         "{refusal}"
     );
     assert!(!refusal.contains("PRIVATE KEY"), "no key material in logs");
-    let served = served_cert(&relay.addr, "localhost", support::client_config(&ca.pem))
-        .await
-        .unwrap();
+    let served = served_cert(
+        &relay.addr,
+        "localhost",
+        support::tls::client_config(&ca.pem),
+    )
+    .await
+    .unwrap();
     assert_eq!(served, first_der(&cert_b), "the old pair keeps serving");
     // A certificate that no longer covers the public host is refused too.
     let (cert_d, key_d) = ca.issue(&["elsewhere.example"]);
@@ -226,9 +225,13 @@ async fn cert_files_reload_without_closing_splices() {
         "ORCA_RELAY_TLS_CERT does not cover",
         Duration::from_secs(10)
     ));
-    let served = served_cert(&relay.addr, "localhost", support::client_config(&ca.pem))
-        .await
-        .unwrap();
+    let served = served_cert(
+        &relay.addr,
+        "localhost",
+        support::tls::client_config(&ca.pem),
+    )
+    .await
+    .unwrap();
     assert_eq!(served, first_der(&cert_b));
 
     // SIGHUP re-reads at once; a good pair again.
@@ -261,7 +264,7 @@ fn start_up_refuses_bad_tls_settings() {
     let k = kp.display().to_string();
 
     // The default public URL (https://127.0.0.1:<port>) is not covered by relay.example.
-    let (code, err) = support::refused_start(&dir, &base(c.clone(), k.clone()));
+    let (code, err) = support::tls::refused_start(&dir, &base(c.clone(), k.clone()));
     assert_eq!(code, 2);
     assert_eq!(
         err.trim(),
@@ -272,7 +275,7 @@ fn start_up_refuses_bad_tls_settings() {
     ok.push(("ORCA_RELAY_PUBLIC_URL", "https://relay.example".into()));
     let mut e = ok.clone();
     e.push(("ORCA_RELAY_CELL_URL", "https://cell.other.example".into()));
-    let (code, err) = support::refused_start(&dir, &e);
+    let (code, err) = support::tls::refused_start(&dir, &e);
     assert_eq!(code, 2);
     assert_eq!(
         err.trim(),
@@ -281,7 +284,7 @@ fn start_up_refuses_bad_tls_settings() {
     // Unreadable key.
     let mut e = base(c.clone(), dir.join("missing.pem").display().to_string());
     e.push(("ORCA_RELAY_PUBLIC_URL", "https://relay.example".into()));
-    let (code, err) = support::refused_start(&dir, &e);
+    let (code, err) = support::tls::refused_start(&dir, &e);
     assert_eq!(code, 2);
     assert!(
         err.trim().starts_with("ORCA_RELAY_TLS_KEY: cannot read "),
@@ -294,7 +297,7 @@ fn start_up_refuses_bad_tls_settings() {
     std::fs::write(&other, other_key).unwrap();
     let mut e = base(c.clone(), other.display().to_string());
     e.push(("ORCA_RELAY_PUBLIC_URL", "https://relay.example".into()));
-    let (code, err) = support::refused_start(&dir, &e);
+    let (code, err) = support::tls::refused_start(&dir, &e);
     assert_eq!(code, 2);
     assert_eq!(
         err.trim(),
@@ -305,17 +308,17 @@ fn start_up_refuses_bad_tls_settings() {
     std::fs::write(&junk, "not a certificate").unwrap();
     let mut e = base(junk.display().to_string(), k.clone());
     e.push(("ORCA_RELAY_PUBLIC_URL", "https://relay.example".into()));
-    let (code, err) = support::refused_start(&dir, &e);
+    let (code, err) = support::tls::refused_start(&dir, &e);
     assert_eq!(code, 2);
     assert_eq!(err.trim(), "ORCA_RELAY_TLS_CERT holds no PEM certificate");
     // Both or neither.
-    let (code, err) = support::refused_start(&dir, &[("ORCA_RELAY_TLS_CERT", c.clone())]);
+    let (code, err) = support::tls::refused_start(&dir, &[("ORCA_RELAY_TLS_CERT", c.clone())]);
     assert_eq!(code, 2);
     assert_eq!(
         err.trim(),
         "ORCA_RELAY_TLS_KEY is required with ORCA_RELAY_TLS_CERT"
     );
-    let (code, err) = support::refused_start(&dir, &[("ORCA_RELAY_TLS_KEY", k.clone())]);
+    let (code, err) = support::tls::refused_start(&dir, &[("ORCA_RELAY_TLS_KEY", k.clone())]);
     assert_eq!(code, 2);
     assert_eq!(
         err.trim(),
@@ -324,7 +327,83 @@ fn start_up_refuses_bad_tls_settings() {
     // Manual and ACME at once.
     let mut e = ok.clone();
     e.push(("ORCA_RELAY_TLS_ACME_DOMAINS", "relay.example".into()));
-    let (code, err) = support::refused_start(&dir, &e);
+    let (code, err) = support::tls::refused_start(&dir, &e);
     assert_eq!(code, 2);
     assert!(err.contains("mutually exclusive"), "{err}");
+}
+
+/// The separate metrics listener bounds its connections and the time a client may take to send
+/// its request headers, counting each refusal: over the bound a new connection is closed at
+/// once; a connection that sends nothing, or half a request, is closed after the header-read
+/// timeout.
+#[tokio::test]
+async fn metrics_listener_bounds_connections_and_header_reads() {
+    use orca_relay::contract::limits::{HEADER_READ_TIMEOUT_S, METRICS_CONNECTIONS_MAX};
+    let dir = temp_dir("orca-relay-tls-metrics");
+    let ca = TestCa::new("orca tls metrics ca");
+    let (cert, key) = ca.issue(NAMES);
+    let (cp, kp) = write_pair(&dir, &cert, &key);
+    let mport = support::tls::common::ports::free_port();
+    let maddr = format!("127.0.0.1:{mport}");
+    let mut env = envs(&cp, &kp);
+    env.push(("ORCA_RELAY_METRICS_LISTEN", maddr.clone()));
+    let _relay = Relay::spawn(&dir, &env);
+
+    // Fill the bound: silent connections, and one that sends half a request.
+    let started = Instant::now();
+    let mut held = Vec::new();
+    for i in 0..METRICS_CONNECTIONS_MAX {
+        let mut s = tokio::net::TcpStream::connect(&maddr).await.unwrap();
+        if i == 0 {
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+                .await
+                .unwrap();
+        }
+        held.push(s);
+    }
+    // One more: accepted after all of them, closed at once.
+    let mut extra = tokio::net::TcpStream::connect(&maddr).await.unwrap();
+    let mut buf = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(5), extra.read_to_end(&mut buf))
+        .await
+        .expect("a connection over the bound is closed at once")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "closed without an answer");
+
+    // The held ones are closed by the header-read timeout, not kept forever.
+    let limit = Duration::from_secs(HEADER_READ_TIMEOUT_S + 10);
+    for s in held.iter_mut() {
+        let mut buf = Vec::new();
+        tokio::time::timeout(limit, s.read_to_end(&mut buf))
+            .await
+            .expect("closed by the header-read timeout")
+            .ok();
+    }
+    assert!(started.elapsed() >= Duration::from_secs(HEADER_READ_TIMEOUT_S - 1));
+
+    // Both limits are counted.
+    let text = testkit::http_client()
+        .get(format!("http://{maddr}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(series))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(
+        value("orca_relay_metrics_listener_refused_total{reason=\"connections\"}") >= 1.0,
+        "{text}"
+    );
+    assert!(
+        value("orca_relay_metrics_listener_refused_total{reason=\"header_timeout\"}")
+            >= METRICS_CONNECTIONS_MAX as f64,
+        "{text}"
+    );
 }

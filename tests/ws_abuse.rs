@@ -10,16 +10,14 @@
 //!
 //! Asserts: the over-limit pre-auth sockets are refused, the never-first-frame ones are closed by
 //! the first-frame deadline, the stalled phones' splices are closed (wedge) instead of buffering
-//! without end, the process's fds and RSS stay within the bounds README "Resource bounds" documents
+//! without end, the process's fds and RSS stay within the bounds docs/development.md, "Resource bounds" documents
 //! (and fds return to the baseline afterwards), and a legitimate host and phone pair during the
 //! attack. Prints the peaks and the pairing time.
 
-#[path = "support/cluster/mod.rs"]
-mod cluster;
-#[path = "support/faults.rs"]
-mod faults;
-#[path = "support/raw_ws.rs"]
-mod raw_ws;
+mod support;
+use support::cluster;
+use support::faults;
+use support::raw_ws;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -356,7 +354,7 @@ async fn attacks_stay_bounded_and_a_legit_pair_still_works() {
     drop(phones);
     let attack = started.elapsed();
 
-    // Documented bounds (README, "Resource bounds").
+    // Documented bounds (docs/development.md, "Resource bounds").
     let rss_bound = base_rss
         + STALLED as u64 * SPLICE_OVERFLOW_DIRECTION_MAX as u64
         + PREAUTH_CELL_MAX as u64 * orca_relay::leg::preauth_io::PREAUTH_READ_BUDGET as u64

@@ -4,16 +4,14 @@
 //! pre-auth budget exactly like bytes read later: a pipelined first frame is answered, a pipelined
 //! framing violation is closed with its code, a pipelined oversized first frame is closed 1009.
 
-#[path = "support/raw_ws.rs"]
-mod raw_ws;
-#[path = "support/cell/mod.rs"]
 mod support;
+use support::raw_ws;
 
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use raw_ws::upgrade_with;
-use support::*;
+use support::node::*;
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::tungstenite::Message;

@@ -3,15 +3,13 @@
 //! `Sec-WebSocket-Key` is refused 400; an oversized unauthenticated first frame is closed 1009
 //! after a few KiB, and 45 such sockets do not balloon the process.
 
-#[path = "support/raw_ws.rs"]
-mod raw_ws;
-#[path = "support/cell/mod.rs"]
 mod support;
+use support::raw_ws;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use support::*;
+use support::node::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

@@ -1,5 +1,5 @@
-//! The JSON bodies of the admin routes (director.md §5, operations.md §3) and the node routes
-//! cells call on the director (director.md §3.6, §3.7): every admin route's schema, the cell's
+//! The JSON bodies of the admin routes (ARCHITECTURE.md, docs/reference/http.md) and the node routes
+//! cells call on the director (docs/reference/http.md): every admin route's schema, the cell's
 //! `POST /v1/admin/drain`, `POST /v1/admin/runtime-status`, `regional-rehome-control`,
 //! `cell-heartbeat` and `cell-rehome-status` with their validators.
 //!

@@ -1,4 +1,4 @@
-//! `ORCA_RELAY_CELLS` (operations.md, director.md §1): the JSON array of cells a director starts
+//! `ORCA_RELAY_CELLS` (docs/configuration.md): the JSON array of cells a director starts
 //! with, checked against the configured regions.
 //!
 //! Properties: never panics; every error names the variable; every accepted cell passes the

@@ -1,4 +1,4 @@
-//! Cluster tokens (node-to-node bearer, protocol.md §12) and assignment leases (director.md §2)
+//! Cluster tokens (node-to-node bearer, docs/reference/http.md) and assignment leases (ARCHITECTURE.md)
 //! as the receiving node verifies them: raw compact JWS (selector bit 0 clear) or header and
 //! claims of the fuzzer's choosing signed with the right key (bit 0 set; split at the first
 //! newline), each through `verify_cluster_token` and `verify_assignment_lease`.

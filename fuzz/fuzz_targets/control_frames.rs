@@ -1,7 +1,7 @@
-//! Every host → cell control message after activation (protocol.md §4.1): the frame is split into
+//! Every host → cell control message after activation (docs/reference/websocket.md): the frame is split into
 //! its `type` and the rest, and the rest decoded with the schema of that type, as
 //! `cell::control::on_text` does; an invalid command echoes its `reqId` only when that is itself
-//! valid. Also the `x-orca-host-capabilities` header of the control leg's upgrade (§3.6).
+//! valid. Also the `x-orca-host-capabilities` header of the control leg's upgrade.
 //!
 //! Properties: never panics; every accepted command passes its own documented checks; an echoed
 //! `reqId` is an opaque id; at most 16 capabilities of 1..64 chars.

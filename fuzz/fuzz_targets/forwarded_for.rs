@@ -1,4 +1,4 @@
-//! The client source of README §1.2 / push.md §9: the `hops`-th `X-Forwarded-For` entry from the
+//! The client source of docs/reference/websocket.md / docs/reference/http.md: the `hops`-th `X-Forwarded-For` entry from the
 //! right (first byte: hops 0..7; the rest: header values, one per line), then the push gateway's
 //! rate-limit key of that source.
 //!

@@ -1,4 +1,4 @@
-//! The relay host proof (protocol.md §3.3) from the host's side, which parses what the network
+//! The relay host proof (docs/reference/websocket.md) from the host's side, which parses what the network
 //! sends it: a `host-challenge` frame as JSON (selector 0), a box the host key opens around a
 //! plaintext of the fuzzer's choosing (selector 1), or around the framed plaintext of a transcript
 //! of the fuzzer's choosing (selector 2). Also the transcript parser on raw bytes.

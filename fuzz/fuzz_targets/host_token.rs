@@ -1,4 +1,4 @@
-//! Host tokens (protocol.md §2.2) as the cell and the director verify them: the raw compact JWS
+//! Host tokens (docs/reference/http.md) as the cell and the director verify them: the raw compact JWS
 //! (selector byte even) and, so the claim checks behind the signature are reached, header and
 //! claims texts of the fuzzer's choosing signed with the self-hosted key (selector odd; the two
 //! texts are separated by the first newline). Also the `Authorization` header rule.

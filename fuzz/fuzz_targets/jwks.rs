@@ -1,4 +1,4 @@
-//! The JWKS document the host-token verifier fetches from the configured issuer (protocol.md §2.2,
+//! The JWKS document the host-token verifier fetches from the configured issuer (docs/reference/http.md,
 //! ES256 host tokens): arbitrary bytes as the response body.
 //!
 //! Properties: never panics; a body that is not a JSON object with a `keys` array is refused; an

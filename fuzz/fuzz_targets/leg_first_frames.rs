@@ -1,4 +1,4 @@
-//! The first frames of the three legs (protocol.md §3.1, §3.4, §5.1, §6): `host-hello` and
+//! The first frames of the three legs (docs/reference/websocket.md): `host-hello` and
 //! `host-challenge-ack` on the host control leg, `relay-auth` on the phone leg (also read by the
 //! director's invite redirect), `host-data-auth` on the host data leg. Text frames only: a frame
 //! that is not UTF-8 is refused by the WebSocket layer before any of these run.

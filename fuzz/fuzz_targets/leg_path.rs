@@ -1,4 +1,4 @@
-//! Leg paths (protocol.md §1.1 gate 2): which leg a request path names and the percent-decoded id.
+//! Leg paths (docs/reference/websocket.md gate 2): which leg a request path names and the percent-decoded id.
 //!
 //! Properties: never panics; decoding is exact (a `%` needs two hex digits, the result must be
 //! UTF-8, an input without `%` decodes to itself, and encoding a decoded id decodes back to it);

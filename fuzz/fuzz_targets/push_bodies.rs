@@ -1,4 +1,4 @@
-//! The JSON bodies of the push gateway (push.md §2, §4, §5, §6): `POST /v1/host/challenge`,
+//! The JSON bodies of the push gateway (docs/reference/http.md): `POST /v1/host/challenge`,
 //! `POST /v1/host/session`, `POST /v1/devices`, `POST /v1/send`, through the strict decoder and the
 //! route's own checks, in the handlers' order.
 //!

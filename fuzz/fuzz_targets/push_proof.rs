@@ -1,4 +1,4 @@
-//! The push host proof (push.md §3) from the host's side, which parses the gateway's
+//! The push host proof (docs/reference/http.md) from the host's side, which parses the gateway's
 //! `POST /v1/host/challenge` answer: the answer as JSON (selector 0), a box the host key opens
 //! around a plaintext of the fuzzer's choosing (selector 1) or around the framed plaintext of a
 //! transcript of its choosing (selector 2). Also the gateway's proof-against-stored-hash check.

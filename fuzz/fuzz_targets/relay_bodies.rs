@@ -1,4 +1,4 @@
-//! The JSON bodies of the relay routes a desktop calls (protocol.md §2): `POST /v1/host-token`,
+//! The JSON bodies of the relay routes a desktop calls (docs/reference/http.md): `POST /v1/host-token`,
 //! `POST /v1/assign` (with its `regionCorrection` namespace), `POST /v1/resolve`, each through the
 //! strict decoder and the route's own checks that run before any store call.
 //!

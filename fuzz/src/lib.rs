@@ -1,6 +1,6 @@
 //! Helpers shared by the fuzz targets in `fuzz_targets/`: fixed keys and times, a synchronous
 //! driver for the relay's async verifiers, and the check that a refused body got the documented
-//! answer. See README § "Fuzzing" for how to build and run the targets.
+//! answer. See docs/development.md, Fuzzing for how to build and run the targets.
 
 use std::future::Future;
 use std::pin::pin;

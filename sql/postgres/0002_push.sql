@@ -1,4 +1,4 @@
--- Push gateway schema (push.md §10). Times are epoch milliseconds; NULL only where marked.
+-- Push gateway schema (ARCHITECTURE.md). Times are epoch milliseconds; NULL only where marked.
 -- A push_deliveries row exists only while the delivery is pending.
 
 CREATE TABLE push_challenges (

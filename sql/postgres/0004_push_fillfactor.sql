@@ -3,5 +3,5 @@
 -- but only when the row's page has room for the new version. Rows are inserted back to back and
 -- would fill their pages, making every lease a full update (a new entry in each of the four
 -- indexes, and dead entries the claim scan walks past). A fill factor of 50 leaves that room.
--- Storage only: the logical schema (push.md §10) is unchanged.
+-- Storage only: the logical schema (ARCHITECTURE.md) is unchanged.
 ALTER TABLE push_deliveries SET (fillfactor = 50);

@@ -1,5 +1,5 @@
--- Core relay schema (director.md §1): cells, runtime, fences, assignments, activity leases,
--- connection reservations, migrations, region correction, and phone credentials (protocol.md §7).
+-- Core relay schema (ARCHITECTURE.md): cells, runtime, fences, assignments, activity leases,
+-- connection reservations, migrations, region correction, and phone credentials (docs/reference/websocket.md).
 -- Times are epoch milliseconds. Cell rows are never deleted.
 
 CREATE TABLE relay_cells (
@@ -191,7 +191,7 @@ CREATE TABLE relay_region_rehome_attempts (
 CREATE INDEX relay_rehome_attempts_host ON relay_region_rehome_attempts (user_id, relay_host_id, created_at);
 CREATE INDEX relay_rehome_attempts_created ON relay_region_rehome_attempts (created_at);
 
--- Phone credentials (protocol.md §7). Only SHA-256 hashes of tokens are stored.
+-- Phone credentials (docs/reference/websocket.md). Only SHA-256 hashes of tokens are stored.
 CREATE TABLE relay_invites (
     token_hash TEXT PRIMARY KEY,
     user_id TEXT NOT NULL,

@@ -1,5 +1,5 @@
-//! The host control leg: handshake (§3), activation (§3.5), the control loop and its 15 s tick
-//! (§4), `auth-refresh` (§4.3), orphan grace (§4.5).
+//! The host control leg: handshake, activation, the control loop and its 15 s tick
+//!, `auth-refresh`, orphan grace.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 
 use super::frames::{self, Split};
-use super::session::{ControlOut, ControlRef, Inner, Session, State};
+use super::session::{retire, ControlOut, ControlRef, Inner, Session, State};
 use super::splice::IdleSweep;
 use super::{Cell, ConnGuard};
 use crate::clock::now_ms;
@@ -44,8 +44,10 @@ enum Fail {
     Gone,
 }
 
-/// `orca_relay_host_proofs_total{outcome}`: ok, timeout or invalid (operations.md §2).
+/// `orca_relay_host_proofs_total{outcome}`: ok, timeout or invalid (docs/metrics.md).
 fn count_proof(cell: &Cell, outcome: &'static str) {
+    use crate::metrics::labels;
+    debug_assert!(labels::known(labels::HOST_PROOF_OUTCOMES, outcome));
     cell.ctx
         .metrics
         .host_proofs
@@ -57,7 +59,7 @@ fn close_with(code: u16, r: &'static str) -> Fail {
     Fail::Close(code, r)
 }
 
-/// Waits for this host's activation turn (§3.5): the tokio mutex queues waiters FIFO; `None` once
+/// Waits for this host's activation turn: the tokio mutex queues waiters FIFO; `None` once
 /// `wait` passes without the turn (the caller closes 4429 `control activation queue stalled`).
 async fn wait_activation_turn(
     lock: Arc<tokio::sync::Mutex<()>>,
@@ -120,6 +122,8 @@ pub async fn run(
     on_control_closed(&cell, &session, sock_id, host_reason.as_deref());
 }
 
+/// The host's control handshake, step by step: early refusals, host-hello, the assignment epoch,
+/// the host proof, the activation (serialised per host) and the install of the session.
 async fn handshake(
     cell: &Arc<Cell>,
     ws: &mut Ws,
@@ -128,19 +132,119 @@ async fn handshake(
     caps: &[String],
     watermark: Option<u64>,
 ) -> Result<(Arc<Session>, u64, mpsc::Receiver<ControlOut>), Fail> {
+    refuse_before_hello(cell, key)?;
+    let (hello, host_public) = read_host_hello(ws, claims).await?;
+    let epoch = hello.assignment_epoch as i64;
+    verify_epoch(cell, key, epoch).await?;
+    // rebind or new generation.
+    let seen = cell.registry().get(key);
+    let offered = hello.control_resume_secret.as_deref();
+    let resume = match &seen {
+        Some(s) => {
+            let st = s.lock();
+            resume_decision(Some((st.generation, &st.secret, st.state)), offered)
+        }
+        None => resume_decision(None, offered),
+    };
+    let binding = host_binding(cell, claims, &hello, host_public, resume.rebind);
+    prove_host(cell, ws, &binding).await?;
+    // The host proved its key: the control leg's own message limit applies from here.
+    ws::authenticated(ws);
+    let plan = Plan {
+        key,
+        claims,
+        hello: &hello,
+        epoch,
+        generation: resume.generation,
+        rebind: resume.rebind,
+        pending_details: caps.iter().any(|c| c == CAP_PENDING_DETAILS),
+        idle_rehome: caps.iter().any(|c| c == CAP_IDLE_REHOME),
+    };
+    // Held through the install and the ack.
+    let (_turn, _idle) = activation_turn(cell, key, seen.as_ref().map(|s| s.id)).await?;
+    // The store's lease runs from the activation's start: the session fences itself by this bound.
+    let activated_at = now_ms();
+    let activity = activate_lease(cell, &plan, watermark).await?;
+    let (tx, rx) = mpsc::channel(OUT_QUEUE);
+    let (session, ack, replaced, sock_id) =
+        install_session(cell, &plan, seen, activity, activated_at, tx)?;
+    // A new generation (not a rebind): the replaced session is retired outside the registry
+    // lock (retire takes it).
+    if let Some(old) = replaced {
+        if let Some(old) = old {
+            retire(
+                cell,
+                &old,
+                (close::PEER_DROPPED, reason::REPLACED_BY_NEWER_GENERATION),
+            );
+        }
+        crate::sync::lock(&cell.signed_out).forget(key);
+    }
+    if ws.send(Message::text(ack.to_string())).await.is_err() {
+        // The session is installed before the ack (the ack carries its state). A socket that dies
+        // before the ack reaches it is a control that closed at once: orphan grace, so the
+        // session never stays registered with a dead control and no timer.
+        on_control_closed(cell, &session, sock_id, None);
+        return Err(Fail::Gone);
+    }
+    logging::event(
+        "orca_relay_host_control_activated",
+        json!({"host": logging::digest(&key.relay_host_id), "generation": plan.generation, "rebind": plan.rebind}),
+    );
+    Ok((session, sock_id, rx))
+}
+
+/// What the handshake learned and decided before it activates the control.
+struct Plan<'a> {
+    key: &'a HostKey,
+    claims: &'a HostClaims,
+    hello: &'a frames::HostHello,
+    epoch: i64,
+    generation: i64,
+    rebind: bool,
+    pending_details: bool,
+    idle_rehome: bool,
+}
+
+/// A session installed by the handshake: the session, its hello-ack, the session it replaced
+/// (`Some` for a new generation, holding the old one if there was one) and the socket id.
+type Installed = (Arc<Session>, Value, Option<Option<Arc<Session>>>, u64);
+
+/// Refusals that need no frame: the host's idle cutover is under way, or the cell is draining.
+fn refuse_before_hello(cell: &Cell, key: &HostKey) -> Result<(), Fail> {
     if cell.idle_gate_closed(key) {
         return Err(close_with(
             close::WRONG_CELL,
             reason::IDLE_CUTOVER_IN_PROGRESS,
         ));
     }
-    let pending_details = caps.iter().any(|c| c == CAP_PENDING_DETAILS);
-    let idle_rehome = caps.iter().any(|c| c == CAP_IDLE_REHOME);
     if cell.is_draining() {
         return Err(close_with(close::DRAINING, reason::RELAY_DRAINING));
     }
-    // §3.1 host-hello.
+    Ok(())
+}
+
+/// The close for a first-frame outcome every handshake read treats alike (too big, a framing
+/// violation, a closed socket); `None` for a text, binary or timeout, which each read decides.
+fn first_frame_failure(first: &First) -> Option<Fail> {
+    match first {
+        First::Oversize => Some(close_with(close::MESSAGE_TOO_BIG, "message too big")),
+        First::Violation(code) => Some(close_with(*code, ws::violation_reason(*code))),
+        First::Gone => Some(Fail::Gone),
+        First::Text(_) | First::Binary | First::Timeout => None,
+    }
+}
+
+/// Reads host-hello and checks its key binds to the token's relay host id; returns the hello and
+/// the host's public key.
+async fn read_host_hello(
+    ws: &mut Ws,
+    claims: &HostClaims,
+) -> Result<(frames::HostHello, [u8; 32]), Fail> {
     let first = ws::first_frame(ws, Duration::from_millis(limits::FIRST_FRAME_MS)).await;
+    if let Some(fail) = first_frame_failure(&first) {
+        return Err(fail);
+    }
     let text = match first {
         First::Text(t) => t,
         First::Binary => {
@@ -149,15 +253,12 @@ async fn handshake(
                 reason::HOST_HELLO_MUST_BE_TEXT,
             ))
         }
-        First::Timeout => {
+        _ => {
             return Err(close_with(
                 close::BAD_OUTER_CREDENTIAL,
                 reason::HOST_HELLO_TIMEOUT,
             ))
         }
-        First::Oversize => return Err(close_with(close::MESSAGE_TOO_BIG, "message too big")),
-        First::Violation(code) => return Err(close_with(code, ws::violation_reason(code))),
-        First::Gone => return Err(Fail::Gone),
     };
     let hello: frames::HostHello = match frames::split(&text) {
         Split::Typed(t, m) if t == "host-hello" => frames::body(m),
@@ -179,43 +280,61 @@ async fn handshake(
             reason::HOST_KEY_BINDING_MISMATCH,
         ));
     }
-    let epoch = hello.assignment_epoch as i64;
+    Ok((hello, host_public))
+}
+
+/// The hello's assignment epoch must be the host's current assignment to this cell; a store that
+/// cannot tell is a temporary refusal, not a wrong cell.
+async fn verify_epoch(cell: &Cell, key: &HostKey, epoch: i64) -> Result<(), Fail> {
     match store::verify_cell_assignment(&cell.ctx.db, key, &cell.ctx.config.cell_id, epoch).await {
-        Ok(true) => {}
-        Ok(false) => {
-            return Err(close_with(
-                close::WRONG_CELL,
-                reason::WRONG_ASSIGNMENT_EPOCH,
-            ))
-        }
-        Err(_) => {
-            return Err(close_with(
-                close::LIMIT_EXCEEDED,
-                reason::RELAY_TEMPORARILY_UNAVAILABLE,
-            ))
-        }
+        Ok(true) => Ok(()),
+        Ok(false) => Err(close_with(
+            close::WRONG_CELL,
+            reason::WRONG_ASSIGNMENT_EPOCH,
+        )),
+        Err(_) => Err(close_with(
+            close::LIMIT_EXCEEDED,
+            reason::RELAY_TEMPORARILY_UNAVAILABLE,
+        )),
     }
-    // §3.2 rebind or new generation.
-    let seen = cell.registry().get(key);
-    let (rebind, generation, seen_id) = match &seen {
-        Some(s) => {
-            let st = s.lock();
-            let rebind = hello
-                .control_resume_secret
-                .as_deref()
-                .is_some_and(|sec| crypto::ct_eq_str(sec, &st.secret))
-                && matches!(st.state, State::Active | State::Orphaned);
-            let g = if rebind {
-                st.generation
-            } else {
-                st.generation + 1
-            };
-            (rebind, g, Some(s.id))
+}
+
+/// Whether the handshake rebinds the registered session or starts a new generation.
+#[derive(Debug, PartialEq, Eq)]
+struct Resume {
+    rebind: bool,
+    generation: i64,
+}
+
+/// A rebind needs the session's resume secret and a session that is active or orphaned; it keeps
+/// the generation. Anything else is the next generation (1 with no session).
+fn resume_decision(seen: Option<(i64, &str, State)>, offered: Option<&str>) -> Resume {
+    match seen {
+        Some((generation, secret, state)) => {
+            let rebind = offered.is_some_and(|sec| crypto::ct_eq_str(sec, secret))
+                && matches!(state, State::Active | State::Orphaned);
+            Resume {
+                rebind,
+                generation: if rebind { generation } else { generation + 1 },
+            }
         }
-        None => (false, 1, None),
-    };
-    // §3.3 challenge, §3.4 ack.
-    let binding = HostBinding {
+        None => Resume {
+            rebind: false,
+            generation: 1,
+        },
+    }
+}
+
+/// What the host's challenge proof binds: this cell's origin, the token's identity, the host key
+/// and the hello's epoch, previous generation and resume request.
+fn host_binding(
+    cell: &Cell,
+    claims: &HostClaims,
+    hello: &frames::HostHello,
+    host_public: [u8; 32],
+    rebind: bool,
+) -> HostBinding {
+    HostBinding {
         relay_origin: cell.ctx.config.cell_url.clone(),
         user_id: claims.sub.clone(),
         profile_id: claims.prof.clone(),
@@ -225,8 +344,12 @@ async fn handshake(
         assignment_epoch: hello.assignment_epoch,
         previous_generation: hello.previous_generation,
         resume_requested: rebind,
-    };
-    let issued = crypto::issue_host_challenge(&binding, now_ms());
+    }
+}
+
+/// Sends host-challenge and checks the host's ack within the proof window.
+async fn prove_host(cell: &Cell, ws: &mut Ws, binding: &HostBinding) -> Result<(), Fail> {
+    let issued = crypto::issue_host_challenge(binding, now_ms());
     let mut frame = serde_json::to_value(&issued.frame).unwrap_or(Value::Null);
     if let Value::Object(m) = &mut frame {
         m.insert("type".into(), json!("host-challenge"));
@@ -234,27 +357,27 @@ async fn handshake(
     if ws.send(Message::text(frame.to_string())).await.is_err() {
         return Err(Fail::Gone);
     }
-    let proof_ok =
-        match ws::first_frame(ws, Duration::from_millis(limits::PROOF_WINDOW_MS as u64)).await {
-            First::Text(t) => match frames::split(&t) {
-                Split::Typed(ty, m) if ty == "host-challenge-ack" => {
-                    frames::body::<frames::ChallengeAck>(m)
-                        .is_some_and(|a| issued.verify_ack(&a.challenge_id, &a.proof_b64, now_ms()))
-                }
-                _ => false,
-            },
-            First::Binary => false,
-            First::Timeout => {
-                count_proof(cell, "timeout");
-                return Err(close_with(
-                    close::BAD_OUTER_CREDENTIAL,
-                    reason::HOST_PROOF_TIMEOUT,
-                ));
+    let first = ws::first_frame(ws, Duration::from_millis(limits::PROOF_WINDOW_MS as u64)).await;
+    if let Some(fail) = first_frame_failure(&first) {
+        return Err(fail);
+    }
+    let proof_ok = match first {
+        First::Text(t) => match frames::split(&t) {
+            Split::Typed(ty, m) if ty == "host-challenge-ack" => {
+                frames::body::<frames::ChallengeAck>(m)
+                    .is_some_and(|a| issued.verify_ack(&a.challenge_id, &a.proof_b64, now_ms()))
             }
-            First::Oversize => return Err(close_with(close::MESSAGE_TOO_BIG, "message too big")),
-            First::Violation(code) => return Err(close_with(code, ws::violation_reason(code))),
-            First::Gone => return Err(Fail::Gone),
-        };
+            _ => false,
+        },
+        First::Timeout => {
+            count_proof(cell, "timeout");
+            return Err(close_with(
+                close::BAD_OUTER_CREDENTIAL,
+                reason::HOST_PROOF_TIMEOUT,
+            ));
+        }
+        _ => false,
+    };
     count_proof(cell, if proof_ok { "ok" } else { "invalid" });
     if !proof_ok {
         return Err(close_with(
@@ -262,11 +385,25 @@ async fn handshake(
             reason::INVALID_HOST_PROOF,
         ));
     }
-    // The host proved its key: the control leg's own message limit applies from here.
-    ws::authenticated(ws);
-    // §3.5 activation, serialised per host, FIFO.
+    Ok(())
+}
+
+/// Waits for the host's activation turn (FIFO) and takes its idle-work token; both are held
+/// through the activation. Refused when the turn does not come, an idle cutover holds the host,
+/// the host's session changed meanwhile, or the cell started draining (before any lease is written).
+async fn activation_turn(
+    cell: &Cell,
+    key: &HostKey,
+    seen_id: Option<u64>,
+) -> Result<
+    (
+        tokio::sync::OwnedMutexGuard<()>,
+        super::idle_rehome::IdleToken,
+    ),
+    Fail,
+> {
     let lock = cell.registry().activation_lock(key);
-    let Some(_turn) = wait_activation_turn(
+    let Some(turn) = wait_activation_turn(
         lock,
         Duration::from_millis(limits::ACTIVATION_QUEUE_WAIT_MS),
     )
@@ -277,8 +414,7 @@ async fn handshake(
             reason::CONTROL_ACTIVATION_QUEUE_STALLED,
         ));
     };
-    // The idle-work token (§13), held through the activation.
-    let Some(_idle) = cell.idle_token(key) else {
+    let Some(idle) = cell.idle_token(key) else {
         return Err(close_with(
             close::WRONG_CELL,
             reason::IDLE_CUTOVER_IN_PROGRESS,
@@ -290,20 +426,30 @@ async fn handshake(
             reason::CONTROL_ACTIVATION_SUPERSEDED,
         ));
     }
-    // A draining cell activates nothing (§11 step 1): refused before a lease is written.
+    // A draining cell activates nothing (step 1): refused before a lease is written.
     if cell.is_draining() {
         return Err(close_with(close::DRAINING, reason::RELAY_DRAINING));
     }
+    Ok((turn, idle))
+}
+
+/// Writes the control lease and marks a migration to this cell registered; returns the lease's
+/// activity id. A failed mark releases the fresh lease before the close.
+async fn activate_lease(
+    cell: &Cell,
+    plan: &Plan<'_>,
+    watermark: Option<u64>,
+) -> Result<String, Fail> {
     let now = now_ms();
     let activity = match store::activate_control(
         &cell.ctx.db,
-        key,
+        plan.key,
         &ActivateControl {
             cell_id: cell.ctx.config.cell_id.clone(),
-            assignment_epoch: epoch,
-            generation,
+            assignment_epoch: plan.epoch,
+            generation: plan.generation,
             connection_inclusion_watermark: watermark.map(|w| w as i64),
-            idle_regional_rehome: idle_rehome,
+            idle_regional_rehome: plan.idle_rehome,
             cell_incarnation: cell.ctx.incarnation.clone(),
         },
         now,
@@ -316,9 +462,9 @@ async fn handshake(
     };
     if store::mark_migration_target_registered(
         &cell.ctx.db,
-        key,
+        plan.key,
         &cell.ctx.config.cell_id,
-        epoch,
+        plan.epoch,
         now,
     )
     .await
@@ -330,160 +476,135 @@ async fn handshake(
             reason::ASSIGNMENT_CHANGED_DURING_HOST_PROOF,
         ));
     }
-    let (tx, rx) = mpsc::channel(OUT_QUEUE);
-    // §3.5 step 4 and the install are one step under the registry lock, which the drain also
-    // takes to set `draining` and list its targets: either the drain lists this session (and
-    // tells it), or this activation sees the drain and is refused. Checked outside the lock, a
-    // session installed just after a drain listed its targets was never told and kept the host
-    // on the draining cell until SIGTERM.
-    let installed = {
-        let mut registry = cell.registry();
-        if cell.is_draining() {
-            Err(activity)
-        } else {
-            let sock_id = registry.next_id();
-            let control = ControlRef {
-                sock_id,
-                tx,
-                pending_details,
-                idle_rehome,
-            };
-            let now = now_ms();
-            let lease_expires_at = now
-                + limits::CONTROL_LEASE_MS
-                + rand::thread_rng()
-                    .gen_range(-limits::CONTROL_LEASE_JITTER_MS..limits::CONTROL_LEASE_JITTER_MS);
-            let (session, ack, replaced) = if rebind {
-                let s = seen.expect("rebind has a session");
-                let mut st = s.lock();
-                st.orphan_seq += 1;
-                st.authority_rev += 1;
-                if let Some(old) = st.control.replace(control) {
-                    old.send(ControlOut::Close(
-                        close::PEER_DROPPED,
-                        reason::CONTROL_REBOUND,
-                    ));
-                }
-                if st.activity_id != activity {
-                    let old = std::mem::replace(&mut st.activity_id, activity);
-                    if !old.is_empty() {
-                        cell.release_activity(key, old);
-                    }
-                }
-                st.epoch = epoch;
-                st.app_version = hello.app_version.clone();
-                st.claims = claims.clone();
-                st.lease_expires_at = lease_expires_at;
-                st.last_pong = now;
-                st.renewal_due = now + limits::CONTROL_TICK_MS as i64;
-                st.state = State::Active;
-                st.drain_sent = false;
-                let ack = hello_ack(&st, pending_details);
-                drop(st);
-                (s, ack, None)
-            } else {
-                let session = Arc::new(Session {
-                    key: key.clone(),
-                    id: registry.next_id(),
-                    inner: std::sync::Mutex::new(Inner {
-                        state: State::Active,
-                        generation,
-                        epoch,
-                        secret: crypto::random_b64u32(),
-                        lease_expires_at,
-                        authority_rev: 0,
-                        claims: claims.clone(),
-                        app_version: hello.app_version.clone(),
-                        drain_sent: false,
-                        control: Some(control),
-                        activity_id: activity,
-                        pending: Default::default(),
-                        active: Default::default(),
-                        orphan_seq: 0,
-                        last_pong: now,
-                        renewal_due: now + limits::CONTROL_TICK_MS as i64,
-                        renewal_in_flight: false,
-                    }),
-                });
-                let old = registry.sessions.insert(key.clone(), session.clone());
-                let ack = hello_ack(&session.lock(), pending_details);
-                (session, ack, Some(old))
-            };
-            Ok((session, ack, replaced, sock_id))
-        }
-    };
-    let (session, ack, replaced, sock_id) = match installed {
-        Ok(x) => x,
-        // The host re-resolves on this close at once (§6.1): its lease here goes first, or it
-        // would be activated on the next cell while this process still holds it.
-        Err(activity) => {
-            return Err(Fail::ReleaseThenClose(
-                activity,
-                close::DRAINING,
-                reason::RELAY_DRAINING,
-            ))
-        }
-    };
-    // A new generation (not a rebind): the replaced session is retired outside the registry
-    // lock (retire takes it).
-    if let Some(old) = replaced {
-        if let Some(old) = old {
-            retire(
-                cell,
-                &old,
-                (close::PEER_DROPPED, reason::REPLACED_BY_NEWER_GENERATION),
-            );
-        }
-        crate::sync::lock(&cell.signed_out).forget(key);
-    }
-    if ws.send(Message::text(ack.to_string())).await.is_err() {
-        // The session is installed before the ack (the ack carries its state). A socket that dies
-        // before the ack reaches it is a control that closed at once: orphan grace (§4.5), so the
-        // session never stays registered with a dead control and no timer.
-        on_control_closed(cell, &session, sock_id, None);
-        return Err(Fail::Gone);
-    }
-    logging::event(
-        "orca_relay_host_control_activated",
-        json!({"host": logging::digest(&key.relay_host_id), "generation": generation, "rebind": rebind}),
-    );
-    Ok((session, sock_id, rx))
+    Ok(activity)
 }
 
-/// Closes a replaced session (§3.5 step 6) or a drained one (§11 step 4): splices, pending phones
-/// and the socket with `control_close`, activity released, session removed if still registered.
-pub fn retire(cell: &Cell, s: &Session, control_close: (u16, &'static str)) {
-    let (splice, pending) = if control_close.0 == close::DRAINING {
-        (
-            (close::DRAINING, reason::RELAY_DRAINING),
-            (close::DRAINING, reason::RELAY_CONNECTION_REJECTED),
-        )
-    } else {
-        (
-            (close::PEER_DROPPED, reason::PEER_CONNECTION_DROPPED),
-            (close::PEER_DROPPED, reason::RELAY_CONNECTION_REJECTED),
-        )
-    };
-    let mut st = s.lock();
-    st.state = State::Closed;
-    st.orphan_seq += 1;
-    st.close_all(splice, pending);
-    let control = st.control.take();
-    let activity = std::mem::take(&mut st.activity_id);
-    drop(st);
-    // The control lease is released before the host hears the close: a host that re-resolves at
-    // once must never find its old control still charged to this cell next to the new one.
-    let close = move || {
-        if let Some(c) = control {
-            c.send(ControlOut::Close(control_close.0, control_close.1));
-        }
-    };
-    if activity.is_empty() {
-        close();
-    } else {
-        cell.release_activity_then(&s.key, activity, close);
+/// Installs the activated control: step 4 and the install are one step under the registry lock,
+/// which the drain also takes to set `draining` and list its targets: either the drain lists this
+/// session (and tells it), or this activation sees the drain and is refused. Checked outside the
+/// lock, a session installed just after a drain listed its targets was never told and kept the
+/// host on the draining cell until SIGTERM.
+fn install_session(
+    cell: &Cell,
+    plan: &Plan<'_>,
+    seen: Option<Arc<Session>>,
+    activity: String,
+    activated_at: i64,
+    tx: mpsc::Sender<ControlOut>,
+) -> Result<Installed, Fail> {
+    let mut registry = cell.registry();
+    if cell.is_draining() {
+        // The host re-resolves on this close at once: its lease here goes first, or it
+        // would be activated on the next cell while this process still holds it.
+        return Err(Fail::ReleaseThenClose(
+            activity,
+            close::DRAINING,
+            reason::RELAY_DRAINING,
+        ));
     }
-    cell.registry().remove_if(s);
+    let sock_id = registry.next_id();
+    let control = ControlRef {
+        sock_id,
+        tx,
+        pending_details: plan.pending_details,
+        idle_rehome: plan.idle_rehome,
+    };
+    let now = now_ms();
+    let lease_expires_at = now
+        + limits::CONTROL_LEASE_MS
+        + rand::thread_rng()
+            .gen_range(-limits::CONTROL_LEASE_JITTER_MS..limits::CONTROL_LEASE_JITTER_MS);
+    let fresh = Fresh {
+        control,
+        activity,
+        now,
+        lease_expires_at,
+        activity_expires_at: activated_at + store::LEASE_TTL_MS,
+    };
+    if plan.rebind {
+        let s = seen.expect("rebind has a session");
+        let ack = rebind_session(cell, plan, &s, fresh);
+        Ok((s, ack, None, sock_id))
+    } else {
+        let (session, ack, old) = new_session(&mut registry, plan, fresh);
+        Ok((session, ack, Some(old), sock_id))
+    }
+}
+
+/// The new control's parts the install writes into its session.
+struct Fresh {
+    control: ControlRef,
+    activity: String,
+    now: i64,
+    lease_expires_at: i64,
+    /// When the store's control activity lease written by this activation runs out.
+    activity_expires_at: i64,
+}
+
+/// Rebinds the registered session to the new control: the old control (if any) is closed
+/// `control rebound`, a changed lease activity releases the old one; returns the hello-ack.
+fn rebind_session(cell: &Cell, plan: &Plan<'_>, s: &Session, fresh: Fresh) -> Value {
+    let mut st = s.lock();
+    st.orphan_seq += 1;
+    st.authority_rev += 1;
+    if let Some(old) = st.control.replace(fresh.control) {
+        old.send(ControlOut::Close(
+            close::PEER_DROPPED,
+            reason::CONTROL_REBOUND,
+        ));
+    }
+    if st.activity_id != fresh.activity {
+        let old = std::mem::replace(&mut st.activity_id, fresh.activity);
+        if !old.is_empty() {
+            cell.release_activity(plan.key, old);
+        }
+    }
+    st.epoch = plan.epoch;
+    st.app_version = plan.hello.app_version.clone();
+    st.claims = plan.claims.clone();
+    st.lease_expires_at = fresh.lease_expires_at;
+    st.last_pong = fresh.now;
+    st.renewal_due = fresh.now + limits::CONTROL_TICK_MS as i64;
+    st.activity_expires_at = fresh.activity_expires_at;
+    st.state = State::Active;
+    st.drain_sent = false;
+    hello_ack(&st, plan.pending_details)
+}
+
+/// Registers a new session (the next generation, fresh resume secret); returns it, its hello-ack
+/// and the session it replaced, if any.
+fn new_session(
+    registry: &mut super::session::Registry,
+    plan: &Plan<'_>,
+    fresh: Fresh,
+) -> (Arc<Session>, Value, Option<Arc<Session>>) {
+    let session = Arc::new(Session {
+        key: plan.key.clone(),
+        id: registry.next_id(),
+        inner: std::sync::Mutex::new(Inner {
+            state: State::Active,
+            generation: plan.generation,
+            epoch: plan.epoch,
+            secret: crypto::random_b64u32(),
+            lease_expires_at: fresh.lease_expires_at,
+            authority_rev: 0,
+            claims: plan.claims.clone(),
+            app_version: plan.hello.app_version.clone(),
+            drain_sent: false,
+            control: Some(fresh.control),
+            activity_id: fresh.activity,
+            pending: Default::default(),
+            active: Default::default(),
+            orphan_seq: 0,
+            last_pong: fresh.now,
+            renewal_due: fresh.now + limits::CONTROL_TICK_MS as i64,
+            renewal_in_flight: false,
+            activity_expires_at: fresh.activity_expires_at,
+        }),
+    });
+    let old = registry.sessions.insert(plan.key.clone(), session.clone());
+    let ack = hello_ack(&session.lock(), plan.pending_details);
+    (session, ack, old)
 }
 
 fn hello_ack(st: &Inner, pending_details: bool) -> Value {
@@ -607,11 +728,51 @@ impl Sock {
     }
 }
 
-/// Sends `m` on the control (rebuilding a parked codec first); false once the socket failed.
-async fn send(sock: &mut Sock, m: Message) -> bool {
+/// What one control write came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wrote {
+    Done,
+    /// The socket failed: the control is gone.
+    Failed,
+    /// The peer did not take the bytes within the wedge deadline.
+    Wedged,
+}
+
+/// The deadline of every control write: the splice's wedge deadline, so a host that stops
+/// reading cannot hold the control loop (its silence timer, renewals and commands) in a write.
+const WRITE_DEADLINE: Duration = Duration::from_millis(limits::WEDGE_TIMEOUT_MS);
+
+/// Runs one write (a send or a flush) under `deadline`.
+async fn bounded<F, E>(deadline: Duration, write: F) -> Wrote
+where
+    F: std::future::Future<Output = Result<(), E>>,
+{
+    match tokio::time::timeout(deadline, write).await {
+        Ok(Ok(())) => Wrote::Done,
+        Ok(Err(_)) => Wrote::Failed,
+        Err(_) => Wrote::Wedged,
+    }
+}
+
+/// Sends `m` on the control (rebuilding a parked codec first), within [`WRITE_DEADLINE`].
+async fn send(sock: &mut Sock, m: Message) -> Wrote {
     match sock.live(Vec::new()).await {
-        Some(ws) => ws.send(m).await.is_ok(),
-        None => false,
+        Some(ws) => bounded(WRITE_DEADLINE, ws.send(m)).await,
+        None => Wrote::Failed,
+    }
+}
+
+/// After a control write: `true` to go on; otherwise the loop ends, a wedged control closed as
+/// the splice closes a wedged link (the close itself is bounded by the close-force deadline).
+async fn wrote(cell: &Cell, sock: &mut Sock, w: Wrote) -> bool {
+    match w {
+        Wrote::Done => true,
+        Wrote::Failed => false,
+        Wrote::Wedged => {
+            log::info!("[orca-relay] control closed: the host stopped reading (write deadline)");
+            close_control(cell, sock, close::LIMIT_EXCEEDED, reason::WEDGED_RELAY_LINK).await;
+            false
+        }
     }
 }
 
@@ -650,60 +811,32 @@ async fn control_loop(
         tokio::select! {
             permit = cmds.slot(), if waiting.is_some() => {
                 if let Some(cmd) = waiting.take() {
-                    start_command(cell, session, &cmds, permit, cmd);
-                }
-            }
-            reply = replies.recv() => {
-                if let Some((frame, _permit)) = reply {
-                    if !send(&mut sock, Message::text(frame.to_string())).await {
-                        return None;
-                    }
-                }
-            }
-            m = sock.next(sweep, active_round, &mut registered), if waiting.is_none() => match m {
-                In::Quiet => {
-                    // Flush what the codec may still owe (a pong), and park unless a partial
-                    // message is buffered.
-                    let Some(ws) = sock.ws.as_deref_mut() else { continue };
-                    if ws.flush().await.is_err() {
-                        return None;
-                    }
-                    if ws.get_ref().at_message_boundary() {
-                        sock.park();
-                        cell.counts
-                            .control_parks
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                }
-                In::Woke(Some(early)) => {
-                    // The rebuilt codec parses these bytes on the next turn of the loop.
-                    sock.live(early).await?;
-                }
-                In::Woke(None) => return None,
-                In::Msg(Some(Ok(Message::Text(t)))) => {
-                    let text = on_text(cell, session, sock_id, t.as_str(), &cmds, &mut waiting);
-                    if let Err((code, r)) = Box::pin(text).await {
+                    if let Err((code, r)) = start_command(cell, session, &cmds, permit, cmd) {
                         close_control(cell, &mut sock, code, r).await;
                         return None;
                     }
                 }
-                In::Msg(Some(Ok(Message::Close(frame)))) => {
-                    let r = frame.map(|f| f.reason.as_str().to_owned());
-                    if let Some(ws) = sock.ws.as_deref_mut() {
-                        let _ = ws.close(None).await;
+            }
+            reply = replies.recv() => {
+                if let Some((frame, _permit)) = reply {
+                    let w = send(&mut sock, Message::text(frame.to_string())).await;
+                    if !wrote(cell, &mut sock, w).await {
+                        return None;
                     }
-                    return r;
                 }
-                In::Msg(Some(Ok(_))) => {}
-                In::Msg(Some(Err(WsError::Capacity(_)))) => {
-                    close_control(cell, &mut sock, close::MESSAGE_TOO_BIG, "message too big").await;
-                    return None;
+            }
+            m = sock.next(sweep, active_round, &mut registered), if waiting.is_none() => {
+                let flow = on_socket(cell, session, sock_id, &mut sock, m, &cmds, &mut waiting);
+                match flow.await {
+                    Flow::Next => {}
+                    Flow::Unchanged => continue,
+                    Flow::End(host_reason) => return host_reason,
                 }
-                In::Msg(Some(Err(_)) | None) => return None,
-            },
+            }
             out = rx.recv() => match out {
                 Some(ControlOut::Frame(f)) => {
-                    if !send(&mut sock, Message::text(f)).await {
+                    let w = send(&mut sock, Message::text(f)).await;
+                    if !wrote(cell, &mut sock, w).await {
                         return None;
                     }
                 }
@@ -724,7 +857,79 @@ async fn control_loop(
     }
 }
 
-/// §4.5: the current control closed with no successor → orphaned, 30 s grace.
+/// What the control loop does after one event.
+enum Flow {
+    Next,
+    /// Nothing happened on the socket: the activity round is not advanced.
+    Unchanged,
+    /// The loop ends; the host's close reason, if it sent one.
+    End(Option<String>),
+}
+
+/// One read of the control socket: park when quiet (after flushing what the codec owes), rebuild
+/// a woken socket, handle a text message, answer a close.
+async fn on_socket(
+    cell: &Arc<Cell>,
+    session: &Arc<Session>,
+    sock_id: u64,
+    sock: &mut Sock,
+    m: In,
+    cmds: &Commands,
+    waiting: &mut Option<Command>,
+) -> Flow {
+    match m {
+        In::Quiet => {
+            // Flush what the codec may still owe (a pong), and park unless a partial
+            // message is buffered.
+            let Some(ws) = sock.ws.as_deref_mut() else {
+                return Flow::Unchanged;
+            };
+            let w = bounded(WRITE_DEADLINE, ws.flush()).await;
+            if !wrote(cell, sock, w).await {
+                return Flow::End(None);
+            }
+            let Some(ws) = sock.ws.as_deref_mut() else {
+                return Flow::Unchanged;
+            };
+            if ws.get_ref().at_message_boundary() {
+                sock.park();
+                cell.counts
+                    .control_parks
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        In::Woke(Some(early)) => {
+            // The rebuilt codec parses these bytes on the next turn of the loop.
+            if sock.live(early).await.is_none() {
+                return Flow::End(None);
+            }
+        }
+        In::Woke(None) => return Flow::End(None),
+        In::Msg(Some(Ok(Message::Text(t)))) => {
+            let text = on_text(cell, session, sock_id, t.as_str(), cmds, waiting);
+            if let Err((code, r)) = Box::pin(text).await {
+                close_control(cell, sock, code, r).await;
+                return Flow::End(None);
+            }
+        }
+        In::Msg(Some(Ok(Message::Close(frame)))) => {
+            let r = frame.map(|f| f.reason.as_str().to_owned());
+            if let Some(ws) = sock.ws.as_deref_mut() {
+                let _ = ws.close(None).await;
+            }
+            return Flow::End(r);
+        }
+        In::Msg(Some(Ok(_))) => {}
+        In::Msg(Some(Err(WsError::Capacity(_)))) => {
+            close_control(cell, sock, close::MESSAGE_TOO_BIG, "message too big").await;
+            return Flow::End(None);
+        }
+        In::Msg(Some(Err(_)) | None) => return Flow::End(None),
+    }
+    Flow::Next
+}
+
+///: the current control closed with no successor → orphaned, 30 s grace.
 fn on_control_closed(
     cell: &Arc<Cell>,
     session: &Arc<Session>,
@@ -742,7 +947,7 @@ fn on_control_closed(
     st.state = State::Orphaned;
     st.orphan_seq += 1;
     let seq = st.orphan_seq;
-    // A draining cell refuses every activation (protocol.md §11 step 1), so nothing can rebind
+    // A draining cell refuses every activation (docs/operations.md step 1), so nothing can rebind
     // this session: its control lease would only keep the host charged here, next to the control
     // it re-resolves to elsewhere, until the drain's forced close. Released now; the orphaned
     // session keeps its splices and pending phones until the grace or the forced close.
@@ -778,7 +983,7 @@ fn on_control_closed(
     });
 }
 
-/// The 15 s tick (§4.2). Returns a close for the control socket, if any.
+/// The 15 s tick. Returns a close for the control socket, if any.
 fn on_tick(cell: &Arc<Cell>, session: &Arc<Session>, sock_id: u64) -> Option<(u16, &'static str)> {
     let now = now_ms();
     let mut st = session.lock();
@@ -829,7 +1034,49 @@ fn on_tick(cell: &Arc<Cell>, session: &Arc<Session>, sock_id: u64) -> Option<(u1
     None
 }
 
-/// What a renewal outcome asks of the session (protocol.md §4.4).
+/// How long before the expiry of its control lease a cell that cannot renew it ends the session:
+/// the next renewal attempt comes a tick later and may take a store call's client-side deadline
+/// (6 s) to fail, so the one after a failure must not be waited for once it could come too late.
+pub const LEASE_FENCE_MARGIN_MS: i64 = limits::CONTROL_TICK_MS as i64 + 10_000;
+
+/// True when, after a failed renewal at `now`, the control activity lease written last
+/// (`expires_at`) could lapse before the next attempt is known to have failed: the session must
+/// end now, while the store still names this cell, so that it never serves a host the store may
+/// already have given to another cell.
+pub fn lease_fenced(now: i64, expires_at: i64) -> bool {
+    now + LEASE_FENCE_MARGIN_MS >= expires_at
+}
+
+/// Ends a session whose control lease could not be renewed before its expiry
+/// ([`lease_fenced`]): `drain` (resolve at the director) and 4503 `control lease expired` to the
+/// host, every splice and pending phone closed, the lease released if the store answers.
+fn fence_session(cell: &Arc<Cell>, session: &Arc<Session>, sock_id: u64, rev: u64) {
+    let c = {
+        let st = session.lock();
+        match st
+            .control
+            .as_ref()
+            .filter(|c| c.sock_id == sock_id && st.authority_rev == rev)
+        {
+            Some(c) => c.clone(),
+            None => return,
+        }
+    };
+    log::warn!(
+        "[orca-relay] control lease not renewed before its expiry, session closed host={}",
+        logging::digest(&session.key.relay_host_id)
+    );
+    c.send(ControlOut::Frame(
+        json!({"type":"drain","graceMs":0,"recovery":"resolve-director"}).to_string(),
+    ));
+    retire(
+        cell,
+        session,
+        (close::DRAINING, reason::CONTROL_LEASE_EXPIRED),
+    );
+}
+
+/// What a renewal outcome asks of the session (docs/reference/websocket.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RenewalAction {
     /// `renewed`: next renewal due 30 s after this one started.
@@ -842,7 +1089,7 @@ pub enum RenewalAction {
     RetryNextTick { log: bool },
 }
 
-/// The §4.4 table as a pure mapping.
+/// The table as a pure mapping.
 pub fn renewal_action(outcome: RenewalOutcome) -> RenewalAction {
     match outcome {
         RenewalOutcome::Renewed => RenewalAction::NextDue,
@@ -874,7 +1121,7 @@ pub fn renewal_is_current(
     current == Some((sock_id, activity_id, rev))
 }
 
-/// Applies a renewal outcome (§4.4) unless the session, socket, activity or authority changed.
+/// Applies a renewal outcome unless the session, socket, activity or authority changed.
 async fn on_renewal(
     cell: &Arc<Cell>,
     session: &Arc<Session>,
@@ -897,11 +1144,17 @@ async fn on_renewal(
         match renewal_action(outcome) {
             RenewalAction::NextDue => {
                 st.renewal_due = started + limits::CONTROL_RENEWAL_INTERVAL_MS;
+                st.activity_expires_at = row.expires_at;
                 None
             }
             RenewalAction::Close(r) => Some(r),
             RenewalAction::Reacquire => Some(""),
             RenewalAction::RetryNextTick { log } => {
+                if lease_fenced(now_ms(), st.activity_expires_at) {
+                    drop(st);
+                    fence_session(cell, session, sock_id, rev);
+                    return;
+                }
                 if log {
                     log::warn!(
                         "[orca-relay] control renewal failed host={} outcome={outcome:?}",
@@ -913,32 +1166,10 @@ async fn on_renewal(
         }
     };
     let close = match close {
-        Some("") => {
-            // Re-acquire the same id (kind control).
-            let r = store::acquire_activity(
-                &cell.ctx.db,
-                &session.key,
-                &row.activity_id,
-                store::ActivityKind::Control,
-                &cell.ctx.config.cell_id,
-                Some(row.expires_at),
-                now_ms(),
-            )
-            .await;
-            match r {
-                Ok(()) => None,
-                Err(store::ActivityError::ActivityCellNotAuthoritative) => {
-                    Some(reason::CONTROL_MIGRATION_COMPLETED)
-                }
-                Err(e) => {
-                    cell.counts
-                        .recovery_failures
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    log::warn!("[orca-relay] control re-acquire failed code={}", e.code());
-                    None
-                }
-            }
-        }
+        Some("") => match reacquire(cell, session, sock_id, rev, row).await {
+            Reacquired::Close(r) => r,
+            Reacquired::Fenced => return,
+        },
         other => other,
     };
     if let Some(r) = close {
@@ -953,7 +1184,58 @@ async fn on_renewal(
     }
 }
 
-/// One host → cell text frame (§4.1). `Err` closes the control.
+/// What a re-acquire of a lost control activity leaves to do.
+enum Reacquired {
+    /// Close the control with this reason, or keep it (`None`).
+    Close(Option<&'static str>),
+    /// The session was fenced (its lease could lapse before the next attempt): nothing left.
+    Fenced,
+}
+
+/// Re-acquires the renewal's activity id (kind control) after its row was lost.
+async fn reacquire(
+    cell: &Arc<Cell>,
+    session: &Arc<Session>,
+    sock_id: u64,
+    rev: u64,
+    row: &store::RenewalRow,
+) -> Reacquired {
+    let r = store::acquire_activity(
+        &cell.ctx.db,
+        &session.key,
+        &row.activity_id,
+        store::ActivityKind::Control,
+        &cell.ctx.config.cell_id,
+        Some(row.expires_at),
+        now_ms(),
+    )
+    .await;
+    match r {
+        Ok(()) => {
+            let mut st = session.lock();
+            if st.authority_rev == rev && st.activity_id == row.activity_id {
+                st.activity_expires_at = row.expires_at;
+            }
+            Reacquired::Close(None)
+        }
+        Err(store::ActivityError::ActivityCellNotAuthoritative) => {
+            Reacquired::Close(Some(reason::CONTROL_MIGRATION_COMPLETED))
+        }
+        Err(e) => {
+            cell.counts
+                .recovery_failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            log::warn!("[orca-relay] control re-acquire failed code={}", e.code());
+            if lease_fenced(now_ms(), session.lock().activity_expires_at) {
+                fence_session(cell, session, sock_id, rev);
+                return Reacquired::Fenced;
+            }
+            Reacquired::Close(None)
+        }
+    }
+}
+
+/// One host → cell text frame. `Err` closes the control.
 async fn on_text(
     cell: &Arc<Cell>,
     session: &Arc<Session>,
@@ -1009,55 +1291,36 @@ async fn on_text(
         {
             Err((close::DRAINING, reason::RESOLVE_DIRECTOR))
         }
-        "invite-create" => match frames::body::<frames::InviteCreate>(m.clone()) {
-            Some(c) => {
-                spawn_command(cell, session, cmds, waiting, Command::Invite(c));
+        ty => match parse_command(ty, &m) {
+            Some(Some(cmd)) => spawn_command(cell, session, cmds, waiting, cmd),
+            Some(None) => invalid(&m),
+            None => {
+                send_frame(
+                    session,
+                    sock_id,
+                    control_error(None, "unknown_control_message"),
+                );
                 Ok(())
             }
-            None => invalid(&m),
         },
-        "device-credential-install" => match frames::body::<frames::Install>(m.clone()) {
-            Some(c) => {
-                spawn_command(cell, session, cmds, waiting, Command::Install(c));
-                Ok(())
-            }
-            None => invalid(&m),
-        },
-        "device-credential-install-status" => {
-            match frames::body::<frames::InstallStatus>(m.clone()) {
-                Some(c) => {
-                    spawn_command(cell, session, cmds, waiting, Command::Status(c));
-                    Ok(())
-                }
-                None => invalid(&m),
-            }
-        }
-        "device-resume-confirm" => match frames::body::<frames::ResumeConfirm>(m.clone()) {
-            Some(c) => {
-                spawn_command(cell, session, cmds, waiting, Command::Confirm(c));
-                Ok(())
-            }
-            None => invalid(&m),
-        },
-        "device-revoke" => match frames::body::<frames::Revoke>(m.clone()) {
-            Some(c) => {
-                spawn_command(cell, session, cmds, waiting, Command::Revoke(c));
-                Ok(())
-            }
-            None => invalid(&m),
-        },
-        _ => {
-            send_frame(
-                session,
-                sock_id,
-                control_error(None, "unknown_control_message"),
-            );
-            Ok(())
-        }
     }
 }
 
-/// §4.3.
+/// A command frame's typed body: `None` when the type is not a command, `Some(None)` when the
+/// command's body is invalid.
+fn parse_command(ty: &str, m: &serde_json::Map<String, Value>) -> Option<Option<Command>> {
+    let body = || m.clone();
+    Some(match ty {
+        "invite-create" => frames::body(body()).map(Command::Invite),
+        "device-credential-install" => frames::body(body()).map(Command::Install),
+        "device-credential-install-status" => frames::body(body()).map(Command::Status),
+        "device-resume-confirm" => frames::body(body()).map(Command::Confirm),
+        "device-revoke" => frames::body(body()).map(Command::Revoke),
+        _ => return None,
+    })
+}
+
+///.
 async fn auth_refresh(
     cell: &Arc<Cell>,
     session: &Arc<Session>,
@@ -1097,7 +1360,7 @@ enum Command {
 }
 
 /// Commands one control socket may have running at once. "Commands may run concurrently; each
-/// gets one reply" (§4.1): a host that sends more waits (its socket is not read) until a reply
+/// gets one reply": a host that sends more waits (its socket is not read) until a reply
 /// frees a slot, so a burst costs bounded memory and store load, and no command is refused.
 pub const COMMANDS_IN_FLIGHT: usize = 16;
 
@@ -1153,32 +1416,40 @@ fn spawn_command(
     cmds: &Commands,
     waiting: &mut Option<Command>,
     cmd: Command,
-) {
+) -> Result<(), (u16, &'static str)> {
     match cmds.permits.clone().try_acquire_owned() {
         Ok(permit) => start_command(cell, session, cmds, permit, cmd),
-        Err(_) => *waiting = Some(cmd),
+        Err(_) => {
+            *waiting = Some(cmd);
+            Ok(())
+        }
     }
 }
 
+/// Starts `cmd` holding the host's idle-work token, taken before the command's first await
+/// and held until it replies. A command that waited for a slot may find the admission gate closed
+/// by an idle cutover registered meanwhile: it does not run, and the control is to be closed
+/// 4503 `resolve-director`, as for a command arriving during the cutover (the `Err`).
 fn start_command(
     cell: &Arc<Cell>,
     session: &Arc<Session>,
     cmds: &Commands,
     permit: tokio::sync::OwnedSemaphorePermit,
     cmd: Command,
-) {
+) -> Result<(), (u16, &'static str)> {
+    let Some(idle) = cell.idle_token(&session.key) else {
+        return Err((close::DRAINING, reason::RESOLVE_DIRECTOR));
+    };
     let (c, s) = (cell.clone(), session.clone());
-    // The idle-work token (§13) is taken before the command's first await and held until it
-    // replies; the dispatcher checked the gate in the same task.
-    let idle = cell.idle_token(&session.key);
     cmds.run(&cell.ctx, permit, async move {
         let _idle = idle;
         run_command(&c, &s, cmd).await
     });
+    Ok(())
 }
 
 /// The `control-error` code of a failed activity acquisition: its own code, except that a
-/// transient store fault is `control_operation_failed` (§4.1), not the director-side
+/// transient store fault is `control_operation_failed`, not the director-side
 /// `database_error`.
 fn activity_code(e: &store::ActivityError) -> &'static str {
     match e {
@@ -1187,147 +1458,203 @@ fn activity_code(e: &store::ActivityError) -> &'static str {
     }
 }
 
+/// Runs one control command to its reply frame; each command is its own step below.
 async fn run_command(cell: &Arc<Cell>, session: &Arc<Session>, cmd: Command) -> Value {
-    let key = &session.key;
-    let db = &cell.ctx.db;
-    let cell_id = &cell.ctx.config.cell_id;
     let (state, generation) = {
         let st = session.lock();
         (st.state, st.generation)
     };
     let now = now_ms();
     match cmd {
-        Command::Invite(c) => {
-            if state != State::Active {
-                return control_error(Some(&c.req_id), "authorization_expired");
+        Command::Invite(c) => create_invite(cell, &session.key, state, &c, now).await,
+        Command::Install(c) => {
+            install_credential(cell, &session.key, (state, generation), &c, now).await
+        }
+        Command::Status(c) => install_status(cell, &session.key, &c).await,
+        Command::Confirm(c) => confirm_resume(cell, &session.key, generation, &c, now).await,
+        Command::Revoke(c) => revoke_device(cell, &session.key, &c, now).await,
+    }
+}
+
+/// `invite-create`: only an active session invites. The `invite-offer:<reqId>` activity is held
+/// while the invite is written, then renewed to the invite's expiry; offers the new invite ends
+/// are released.
+async fn create_invite(
+    cell: &Cell,
+    key: &HostKey,
+    state: State,
+    c: &frames::InviteCreate,
+    now: i64,
+) -> Value {
+    let db = &cell.ctx.db;
+    let cell_id = &cell.ctx.config.cell_id;
+    if state != State::Active {
+        return control_error(Some(&c.req_id), "authorization_expired");
+    }
+    let activity = format!("invite-offer:{}", c.req_id);
+    if let Err(e) = store::acquire_activity(
+        db,
+        key,
+        &activity,
+        store::ActivityKind::Invite,
+        cell_id,
+        None,
+        now,
+    )
+    .await
+    {
+        return control_error(Some(&c.req_id), activity_code(&e));
+    }
+    match creds::create_invite(db, key, &c.relay_device_id, &c.req_id, now).await {
+        Ok(inv) => {
+            for offer in inv.invalidated_offers {
+                cell.release_activity(key, format!("invite-offer:{offer}"));
             }
-            let activity = format!("invite-offer:{}", c.req_id);
-            if let Err(e) = store::acquire_activity(
+            let _ = store::acquire_activity(
                 db,
                 key,
                 &activity,
                 store::ActivityKind::Invite,
                 cell_id,
-                None,
-                now,
+                Some(inv.expires_at),
+                now_ms(),
             )
-            .await
-            {
-                return control_error(Some(&c.req_id), activity_code(&e));
-            }
-            match creds::create_invite(db, key, &c.relay_device_id, &c.req_id, now).await {
-                Ok(inv) => {
-                    for offer in inv.invalidated_offers {
-                        cell.release_activity(key, format!("invite-offer:{offer}"));
-                    }
-                    let _ = store::acquire_activity(
-                        db,
-                        key,
-                        &activity,
-                        store::ActivityKind::Invite,
-                        cell_id,
-                        Some(inv.expires_at),
-                        now_ms(),
-                    )
-                    .await;
-                    json!({"type":"invite-created","reqId":c.req_id,"inviteToken":inv.token,"expiresAt":inv.expires_at,"maxAttempts":limits::INVITE_MAX_ATTEMPTS})
-                }
-                Err(e) => {
-                    cell.release_activity(key, activity);
-                    control_error(Some(&c.req_id), e.code())
-                }
-            }
+            .await;
+            json!({"type":"invite-created","reqId":c.req_id,"inviteToken":inv.token,"expiresAt":inv.expires_at,"maxAttempts":limits::INVITE_MAX_ATTEMPTS})
         }
-        Command::Install(c) => {
-            let auth = match c.authorization.mode.as_str() {
-                "relay-basis" => creds::InstallAuth::RelayBasis {
-                    basis_conn_id: c.authorization.basis_conn_id.clone().unwrap_or_default(),
-                },
-                _ => creds::InstallAuth::AuthenticatedDirect {
-                    direct_auth_id: c.authorization.direct_auth_id.clone().unwrap_or_default(),
-                },
-            };
-            if matches!(auth, creds::InstallAuth::AuthenticatedDirect { .. })
-                && state != State::Active
-            {
-                return control_error(Some(&c.req_id), "authorization_expired");
-            }
-            let activity = format!("install:{}", c.req_id);
-            if let Err(e) = store::acquire_activity(
-                db,
-                key,
-                &activity,
-                store::ActivityKind::Install,
-                cell_id,
-                None,
-                now,
-            )
-            .await
-            {
-                return control_error(Some(&c.req_id), activity_code(&e));
-            }
-            let req = creds::InstallRequest {
-                req_id: c.req_id.clone(),
-                device: c.relay_device_id.clone(),
-                new_hash: c.new_resume_token_hash.clone(),
-                expected_current_hash: c.expected_current_hash.clone(),
-                auth: auth.clone(),
-            };
-            let r = tokio::time::timeout(
-                Duration::from_secs(10),
-                creds::install(db, key, &req, generation, state == State::Active, now),
-            )
-            .await
-            .unwrap_or(Err(creds::CredError::Db(crate::store::DbError::Transient(
-                "deadline".into(),
-            ))));
+        Err(e) => {
             cell.release_activity(key, activity);
-            match r {
-                Ok(done) => {
-                    for offer in done.ended_offers {
-                        cell.release_activity(key, format!("invite-offer:{offer}"));
-                    }
-                    if let creds::InstallAuth::RelayBasis { basis_conn_id } = &auth {
-                        cell.release_activity(key, format!("invite:{basis_conn_id}"));
-                    }
-                    let mut v = done.result;
-                    v["type"] = json!("device-credential-installed");
-                    reorder_type(v)
-                }
-                Err(e) => control_error(Some(&c.req_id), e.code()),
-            }
+            control_error(Some(&c.req_id), e.code())
         }
-        Command::Status(c) => {
-            match creds::install_status(db, key, &c.relay_device_id, &c.req_id).await {
-                Ok(Some(result)) => {
-                    json!({"type":"device-credential-install-status-result","v":1,"reqId":c.req_id,"state":"committed","result":result})
-                }
-                Ok(None) => {
-                    json!({"type":"device-credential-install-status-result","v":1,"reqId":c.req_id,"state":"not-found"})
-                }
-                Err(_) => control_error(Some(&c.req_id), "control_operation_failed"),
-            }
-        }
-        Command::Confirm(c) => {
-            match creds::confirm(db, key, &c.req_id, &c.basis_conn_id, generation, now).await {
-                Ok(result) => {
-                    cell.release_activity(key, format!("confirmation:{}", c.basis_conn_id));
-                    let mut v = result;
-                    v["type"] = json!("device-resume-confirmed");
-                    reorder_type(v)
-                }
-                Err(e) => control_error(Some(&c.req_id), e.code()),
-            }
-        }
-        Command::Revoke(c) => match creds::revoke(db, key, &c.relay_device_id, now).await {
-            Ok(offers) => {
-                for offer in offers {
-                    cell.release_activity(key, format!("invite-offer:{offer}"));
-                }
-                json!({"type":"device-revoked","reqId":c.req_id})
-            }
-            Err(_) => control_error(Some(&c.req_id), "control_operation_failed"),
+    }
+}
+
+/// The install's authorization: `relay-basis` names a basis connection, any other mode is an
+/// authenticated direct authorization.
+fn install_auth(a: &frames::InstallAuthorization) -> creds::InstallAuth {
+    match a.mode.as_str() {
+        "relay-basis" => creds::InstallAuth::RelayBasis {
+            basis_conn_id: a.basis_conn_id.clone().unwrap_or_default(),
         },
+        _ => creds::InstallAuth::AuthenticatedDirect {
+            direct_auth_id: a.direct_auth_id.clone().unwrap_or_default(),
+        },
+    }
+}
+
+/// `device-credential-install`: a direct authorization needs an active session; the
+/// `install:<reqId>` activity is held for the store's install (10 s deadline). A success
+/// releases the offers it ended and, for a relay basis, the basis invite.
+async fn install_credential(
+    cell: &Cell,
+    key: &HostKey,
+    (state, generation): (State, i64),
+    c: &frames::Install,
+    now: i64,
+) -> Value {
+    let db = &cell.ctx.db;
+    let auth = install_auth(&c.authorization);
+    if matches!(auth, creds::InstallAuth::AuthenticatedDirect { .. }) && state != State::Active {
+        return control_error(Some(&c.req_id), "authorization_expired");
+    }
+    let activity = format!("install:{}", c.req_id);
+    if let Err(e) = store::acquire_activity(
+        db,
+        key,
+        &activity,
+        store::ActivityKind::Install,
+        &cell.ctx.config.cell_id,
+        None,
+        now,
+    )
+    .await
+    {
+        return control_error(Some(&c.req_id), activity_code(&e));
+    }
+    let req = creds::InstallRequest {
+        req_id: c.req_id.clone(),
+        device: c.relay_device_id.clone(),
+        new_hash: c.new_resume_token_hash.clone(),
+        expected_current_hash: c.expected_current_hash.clone(),
+        auth: auth.clone(),
+    };
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        creds::install(db, key, &req, generation, state == State::Active, now),
+    )
+    .await
+    .unwrap_or(Err(creds::CredError::Db(crate::store::DbError::Transient(
+        "deadline".into(),
+    ))));
+    cell.release_activity(key, activity);
+    match r {
+        Ok(done) => {
+            for offer in done.ended_offers {
+                cell.release_activity(key, format!("invite-offer:{offer}"));
+            }
+            if let creds::InstallAuth::RelayBasis { basis_conn_id } = &auth {
+                cell.release_activity(key, format!("invite:{basis_conn_id}"));
+            }
+            let mut v = done.result;
+            v["type"] = json!("device-credential-installed");
+            reorder_type(v)
+        }
+        Err(e) => control_error(Some(&c.req_id), e.code()),
+    }
+}
+
+/// `device-credential-install-status`: the committed result of an earlier install, or not-found.
+async fn install_status(cell: &Cell, key: &HostKey, c: &frames::InstallStatus) -> Value {
+    match creds::install_status(&cell.ctx.db, key, &c.relay_device_id, &c.req_id).await {
+        Ok(Some(result)) => {
+            json!({"type":"device-credential-install-status-result","v":1,"reqId":c.req_id,"state":"committed","result":result})
+        }
+        Ok(None) => {
+            json!({"type":"device-credential-install-status-result","v":1,"reqId":c.req_id,"state":"not-found"})
+        }
+        Err(_) => control_error(Some(&c.req_id), "control_operation_failed"),
+    }
+}
+
+/// `device-resume-confirm`: confirms a resume on its basis connection and releases the
+/// connection's confirmation activity.
+async fn confirm_resume(
+    cell: &Cell,
+    key: &HostKey,
+    generation: i64,
+    c: &frames::ResumeConfirm,
+    now: i64,
+) -> Value {
+    match creds::confirm(
+        &cell.ctx.db,
+        key,
+        &c.req_id,
+        &c.basis_conn_id,
+        generation,
+        now,
+    )
+    .await
+    {
+        Ok(result) => {
+            cell.release_activity(key, format!("confirmation:{}", c.basis_conn_id));
+            let mut v = result;
+            v["type"] = json!("device-resume-confirmed");
+            reorder_type(v)
+        }
+        Err(e) => control_error(Some(&c.req_id), e.code()),
+    }
+}
+
+/// `device-revoke`: revokes the device and releases the invite offers that ended with it.
+async fn revoke_device(cell: &Cell, key: &HostKey, c: &frames::Revoke, now: i64) -> Value {
+    match creds::revoke(&cell.ctx.db, key, &c.relay_device_id, now).await {
+        Ok(offers) => {
+            for offer in offers {
+                cell.release_activity(key, format!("invite-offer:{offer}"));
+            }
+            json!({"type":"device-revoked","reqId":c.req_id})
+        }
+        Err(_) => control_error(Some(&c.req_id), "control_operation_failed"),
     }
 }
 
@@ -1350,7 +1677,7 @@ fn reorder_type(v: Value) -> Value {
 mod renewal_tests {
     use super::*;
 
-    /// P-45: each §4.4 outcome maps to its action.
+    /// P-45: each outcome maps to its action.
     #[test]
     fn every_outcome_maps_to_its_action() {
         use RenewalAction::*;
@@ -1424,8 +1751,11 @@ mod activation_tests {
     /// P-48: a second activation waits for the first, and waiters get their turn in arrival order.
     #[tokio::test]
     async fn second_activation_waits_fifo() {
+        // Only an upper bound here (the order is what is checked): generous, so a loaded machine
+        // that deschedules the test for a moment does not time a waiter out.
+        const FIFO_WAIT: Duration = Duration::from_secs(10);
         let lock = Arc::new(tokio::sync::Mutex::new(()));
-        let first = wait_activation_turn(lock.clone(), WAIT)
+        let first = wait_activation_turn(lock.clone(), FIFO_WAIT)
             .await
             .expect("free lock");
         let (tx, mut rx) = mpsc::unbounded_channel();
@@ -1433,7 +1763,7 @@ mod activation_tests {
         for n in 0..3 {
             let (lock, tx) = (lock.clone(), tx.clone());
             waiters.push(tokio::spawn(async move {
-                let turn = wait_activation_turn(lock, WAIT).await.expect("turn");
+                let turn = wait_activation_turn(lock, FIFO_WAIT).await.expect("turn");
                 tx.send(n).unwrap();
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 drop(turn);
@@ -1505,5 +1835,190 @@ mod activation_tests {
             activation_refusal(store::ActivityError::WrongAssignment),
             (4409, "assignment changed during host proof")
         );
+    }
+}
+
+#[cfg(test)]
+mod write_deadline_tests {
+    use super::*;
+    use tokio::time::Instant;
+
+    /// Every control write has the splice's wedge deadline.
+    #[test]
+    fn control_writes_use_the_wedge_deadline() {
+        assert_eq!(
+            WRITE_DEADLINE,
+            Duration::from_millis(limits::WEDGE_TIMEOUT_MS)
+        );
+    }
+
+    /// A peer that stops reading: the send and the flush give up at the deadline instead of
+    /// blocking the loop; a peer that reads gets the frame.
+    #[tokio::test]
+    async fn a_write_to_a_peer_that_stops_reading_ends_at_the_deadline() {
+        let deadline = Duration::from_millis(300);
+        let (relay_io, mut peer_io) = tokio::io::duplex(256);
+        let mut relay = WebSocketStream::from_raw_socket(relay_io, Role::Server, None).await;
+        assert_eq!(
+            bounded(deadline, relay.send(Message::text("hello"))).await,
+            Wrote::Done
+        );
+        let started = Instant::now();
+        let big = Message::text("x".repeat(64 * 1024));
+        assert_eq!(bounded(deadline, relay.send(big)).await, Wrote::Wedged);
+        assert_eq!(bounded(deadline, relay.flush()).await, Wrote::Wedged);
+        let took = started.elapsed();
+        assert!(
+            took >= deadline * 2 && took < deadline * 6,
+            "gave up after {took:?}"
+        );
+        // A peer that went away: failed, not wedged.
+        let mut buf = [0u8; 1024];
+        let _ = tokio::io::AsyncReadExt::read(&mut peer_io, &mut buf).await;
+        drop(peer_io);
+        assert_eq!(
+            bounded(deadline, relay.send(Message::text("late"))).await,
+            Wrote::Failed
+        );
+    }
+}
+
+#[cfg(test)]
+mod step_tests {
+    use super::*;
+
+    #[test]
+    fn no_session_starts_generation_one() {
+        let r = resume_decision(None, Some("anything"));
+        assert_eq!(
+            r,
+            Resume {
+                rebind: false,
+                generation: 1
+            }
+        );
+    }
+
+    #[test]
+    fn the_right_secret_rebinds_an_active_or_orphaned_session() {
+        for state in [State::Active, State::Orphaned] {
+            let r = resume_decision(Some((4, "s3cret", state)), Some("s3cret"));
+            assert_eq!(
+                r,
+                Resume {
+                    rebind: true,
+                    generation: 4
+                },
+                "{state:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn anything_else_is_the_next_generation() {
+        let cases = [
+            (State::Active, None),
+            (State::Active, Some("wrong")),
+            (State::DrainOnly, Some("s3cret")),
+            (State::Closed, Some("s3cret")),
+        ];
+        for (state, offered) in cases {
+            let r = resume_decision(Some((4, "s3cret", state)), offered);
+            assert_eq!(
+                r,
+                Resume {
+                    rebind: false,
+                    generation: 5
+                },
+                "{state:?} {offered:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn command_frames_parse_to_their_command() {
+        let map = |v: Value| match v {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        };
+        let revoke = map(json!({"reqId": "r1", "relayDeviceId": "d1"}));
+        assert!(matches!(
+            parse_command("device-revoke", &revoke),
+            Some(Some(Command::Revoke(_)))
+        ));
+        assert!(matches!(
+            parse_command("device-revoke", &map(json!({"v": 1}))),
+            Some(None)
+        ));
+        assert!(parse_command("pong", &revoke).is_none());
+        assert!(parse_command("no-such-message", &revoke).is_none());
+    }
+
+    #[test]
+    fn install_authorization_modes() {
+        let auth = |mode: &str| frames::InstallAuthorization {
+            mode: mode.into(),
+            basis_conn_id: Some("c1".into()),
+            direct_auth_id: Some("d1".into()),
+        };
+        assert_eq!(
+            install_auth(&auth("relay-basis")),
+            creds::InstallAuth::RelayBasis {
+                basis_conn_id: "c1".into()
+            }
+        );
+        assert_eq!(
+            install_auth(&auth("authenticated-direct")),
+            creds::InstallAuth::AuthenticatedDirect {
+                direct_auth_id: "d1".into()
+            }
+        );
+    }
+
+    #[test]
+    fn first_frame_failures_shared_by_the_handshake_reads() {
+        let code = |f: Option<Fail>| match f {
+            Some(Fail::Close(code, _)) => Some(code),
+            Some(Fail::Gone) => Some(0),
+            Some(Fail::ReleaseThenClose(..)) => Some(1),
+            None => None,
+        };
+        assert_eq!(
+            code(first_frame_failure(&First::Oversize)),
+            Some(close::MESSAGE_TOO_BIG)
+        );
+        assert_eq!(
+            code(first_frame_failure(&First::Violation(1007))),
+            Some(1007)
+        );
+        assert_eq!(code(first_frame_failure(&First::Gone)), Some(0));
+        assert_eq!(code(first_frame_failure(&First::Text("x".into()))), None);
+        assert_eq!(code(first_frame_failure(&First::Binary)), None);
+        assert_eq!(code(first_frame_failure(&First::Timeout)), None);
+    }
+}
+
+#[cfg(test)]
+mod lease_fence_tests {
+    use super::*;
+
+    #[test]
+    fn a_session_ends_before_its_lease_could_lapse() {
+        let margin = LEASE_FENCE_MARGIN_MS;
+        // Renewed at 0: the lease runs to 105 s. A failed renewal 30 s later leaves it alone
+        // (healthy renewals, every 30 s, never get near the fence).
+        let expires = limits::CONTROL_RENEWAL_REQUEST_MS;
+        assert!(!lease_fenced(limits::CONTROL_RENEWAL_INTERVAL_MS, expires));
+        assert!(!lease_fenced(expires - margin - 1, expires));
+        // Once the next attempt could fail only after the expiry, the session must end.
+        assert!(lease_fenced(expires - margin, expires));
+        assert!(lease_fenced(expires + 1, expires));
+        // The margin covers a tick plus a store call's client-side deadline.
+        assert!(margin >= limits::CONTROL_TICK_MS as i64 + 6_000);
+        // A fresh activation (90 s lease) whose renewals all fail ends 65 s after it.
+        assert!(lease_fenced(
+            store::LEASE_TTL_MS - margin,
+            store::LEASE_TTL_MS
+        ));
     }
 }

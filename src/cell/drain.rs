@@ -1,4 +1,4 @@
-//! Drain and shutdown (protocol.md §11): `POST /v1/admin/drain` (paced telling, forced close at
+//! Drain and shutdown (docs/operations.md): `POST /v1/admin/drain` (paced telling, forced close at
 //! the grace) and SIGTERM (grace `ORCA_RELAY_SHUTDOWN_GRACE_MS`, default 0).
 
 use std::sync::atomic::Ordering;
@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 use warp::Filter;
 
-use super::control::retire;
+use super::session::retire;
 use super::session::{ControlOut, Session, State};
 use super::Cell;
 use crate::contract::close::{self, reason};
@@ -127,7 +127,7 @@ pub fn start(cell: &Arc<Cell>, grace_ms: u64, pace_ms: u64) -> Vec<Arc<Session>>
     targets
 }
 
-/// §11 step 3.
+/// step 3.
 fn tell(s: &Session, grace_ms: u64) {
     let mut st = s.lock();
     if st.state == State::Closed {
@@ -143,7 +143,7 @@ fn tell(s: &Session, grace_ms: u64) {
     }
 }
 
-/// §11 step 4.
+/// step 4.
 fn forced_close(cell: &Cell, s: &Session) {
     {
         let st = s.lock();

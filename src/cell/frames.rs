@@ -1,4 +1,4 @@
-//! Strict JSON frame schemas of the cell's legs (protocol.md §3, §4.1, §6), on top of the leg
+//! Strict JSON frame schemas of the cell's legs (docs/reference/websocket.md), on top of the leg
 //! toolkit's generic parsing ([`crate::leg::frame`]).
 //!
 //! Every schema denies unknown fields; fraction/exponent or out-of-range values are invalid.
@@ -18,7 +18,7 @@ fn is_key32_shape(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/')
 }
 
-/// `host-hello` (§3.1).
+/// `host-hello`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HostHello {
@@ -44,7 +44,7 @@ impl Check for HostHello {
     }
 }
 
-/// `host-challenge-ack` (§3.4).
+/// `host-challenge-ack`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ChallengeAck {
@@ -58,7 +58,7 @@ impl Check for ChallengeAck {
     }
 }
 
-/// `host-data-auth` (§6).
+/// `host-data-auth`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HostDataAuth {
@@ -195,7 +195,7 @@ pub fn valid_req_id(m: &Map<String, Value>) -> Option<String> {
     }
 }
 
-/// Parses the `x-orca-host-capabilities` header values (§3.6): comma-separated, trimmed, 1..64
+/// Parses the `x-orca-host-capabilities` header values: comma-separated, trimmed, 1..64
 /// chars kept, first 16 only.
 pub fn capabilities<'a>(values: impl Iterator<Item = &'a str>) -> Vec<String> {
     values

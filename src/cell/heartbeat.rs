@@ -1,4 +1,4 @@
-//! The cell's heartbeats (protocol.md §12): the body, built from one ledger snapshot, and the beat
+//! The cell's heartbeats (docs/reference/http.md): the body, built from one ledger snapshot, and the beat
 //! loop. Where beats go is a [`HeartbeatSink`] chosen by `server.rs` (the in-process director for a
 //! process running both roles without `ORCA_RELAY_DIRECTOR_URL`, else the HTTP client of
 //! [`super::heartbeat_client`]).
@@ -43,7 +43,7 @@ impl Cell {
 /// Beat interval.
 pub const INTERVAL: Duration = Duration::from_secs(15);
 
-/// Starts the heartbeat loop (protocol.md §12): the first beat is awaited here, so a process that
+/// Starts the heartbeat loop (docs/reference/http.md): the first beat is awaited here, so a process that
 /// also runs the director has its local cell live before it answers any request; then one beat
 /// every 15 s, single-flight (a slow beat delays the next tick, missed ticks are skipped), until
 /// the process shutdown. `body` builds each beat's body when it is due.
@@ -61,7 +61,7 @@ where
     // The cell's sends, apart from the director's receipts (`orca_relay_heartbeats_total`): on a
     // single node one heartbeat is one send and one receipt, never two of the same series.
     let sent = metrics.register_counter_vec(
-        "orca_relay_heartbeats_sent_total",
+        crate::metrics::HEARTBEATS_SENT,
         "heartbeats this cell sent, by outcome (ok or failed)",
         &["outcome"],
     );

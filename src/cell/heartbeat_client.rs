@@ -1,4 +1,4 @@
-//! The cell's HTTP heartbeat client (protocol.md §12): `POST <director>/v1/admin/cell-heartbeat`
+//! The cell's HTTP heartbeat client (docs/reference/http.md): `POST <director>/v1/admin/cell-heartbeat`
 //! with a cluster token, used when `ORCA_RELAY_DIRECTOR_URL` is set.
 
 use std::time::Duration;
@@ -81,7 +81,7 @@ impl HeartbeatSink for HttpHeartbeat {
                 .await
                 .map_err(|_| "director_rehome_status_unreachable".to_string())?;
             match resp.status().as_u16() {
-                // A director without the route is tolerated (protocol.md §12).
+                // A director without the route is tolerated (docs/reference/http.md).
                 200 | 404 => Ok(()),
                 s => Err(format!("director_rehome_status_{s}")),
             }

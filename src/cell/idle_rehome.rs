@@ -1,4 +1,4 @@
-//! Idle regional rehome, cell side (protocol.md §13): `POST /v1/admin/host-idle-rehome`, the
+//! Idle regional rehome, cell side (docs/reference/http.md): `POST /v1/admin/host-idle-rehome`, the
 //! per-host attempt registry with its authority tuples, the idle-work tokens every accept, attach,
 //! activation, `auth-refresh` and command holds, the admission gate, commit, reconcile retries and
 //! the forced close.
@@ -17,7 +17,7 @@ use serde_json::{json, Value as Json};
 use tokio::sync::watch;
 use warp::Filter;
 
-use super::control::retire;
+use super::session::retire;
 use super::session::State;
 use super::Cell;
 use crate::clock::now_ms;
@@ -325,14 +325,9 @@ async fn handle(cell: &Arc<Cell>, headers: &HeaderMap, body: h::Body) -> Respons
     }
 }
 
-/// Steps 1–9 of §13; `Err` is a transient store fault outside a running attempt.
-async fn run(cell: &Arc<Cell>, b: Body) -> Result<Answer, ()> {
-    let now = now_ms();
-    // 1. The director's safety must be fresh.
-    let age = now - b.director_safety.observed_at;
-    if !(0..=rules::DIRECTOR_SAFETY_MAX_AGE_MS).contains(&age) {
-        return Ok(Answer::deferred("director-safety-stale"));
-    }
+/// The attempt the body asks for: the host, the commit request (with this process's
+/// incarnation as the source's) and the authority the host's session must hold.
+fn attempt_of(cell: &Cell, b: &Body) -> (HostKey, RehomeRequest, Authority) {
     let key = HostKey {
         user_id: b.user_id.clone(),
         relay_host_id: b.relay_host_id.clone(),
@@ -354,6 +349,18 @@ async fn run(cell: &Arc<Cell>, b: Body) -> Result<Answer, ()> {
         incarnation: req.source_cell_incarnation.clone(),
         target: b.target_cell_id.clone(),
     };
+    (key, req, authority)
+}
+
+/// Steps 1–9; `Err` is a transient store fault outside a running attempt.
+async fn run(cell: &Arc<Cell>, b: Body) -> Result<Answer, ()> {
+    let now = now_ms();
+    // 1. The director's safety must be fresh.
+    let age = now - b.director_safety.observed_at;
+    if !(0..=rules::DIRECTOR_SAFETY_MAX_AGE_MS).contains(&age) {
+        return Ok(Answer::deferred("director-safety-stale"));
+    }
+    let (key, req, authority) = attempt_of(cell, &b);
     // 2. An attempt already running for the host.
     let running = {
         let g = cell.idle();
@@ -519,7 +526,7 @@ fn log_events(events: Vec<service::Event>) {
 }
 
 /// Wraps the heartbeat sink: after each successful beat, the cell's `cell-rehome-status` with
-/// protocol 3 and its own safety over the last 30 s (protocol.md §12).
+/// protocol 3 and its own safety over the last 30 s (docs/reference/http.md).
 pub struct StatusAfterBeat {
     pub inner: Arc<dyn HeartbeatSink>,
     pub cell: std::sync::Weak<Cell>,

@@ -1,4 +1,4 @@
-//! The connection ledger of a capped cell (protocol.md §1.3): physical, in-flight and reserved
+//! The connection ledger of a capped cell (docs/reference/websocket.md): physical, in-flight and reserved
 //! units, limits H − 100 (normal) and H (rebind controls), and the monotonic inclusion watermark
 //! every change and snapshot advances. Pure; the cell wraps it in a mutex.
 

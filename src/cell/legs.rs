@@ -1,4 +1,4 @@
-//! Upgrade gates of the cell's three legs (protocol.md §1.1): the shared pre-gates (gates 1 and 2,
+//! Upgrade gates of the cell's three legs (docs/reference/websocket.md): the shared pre-gates (gates 1 and 2,
 //! [`crate::leg::pre_gates`]), then the cell's gates 3-5 per leg; the first failing gate answers a
 //! raw refusal; a passing request gets 101 and its leg task.
 
@@ -14,6 +14,7 @@ use crate::contract::limits;
 use crate::http::Response;
 use crate::leg::ws::{self, Leg};
 use crate::leg::{pre_gates, Target, Upgrade};
+use crate::metrics::labels;
 use crate::store::assignments::HostKey;
 
 /// A gate's raw refusal, counted in `orca_relay_admission_rejections_total{reason}` (`reason` names
@@ -25,6 +26,7 @@ fn refuse(cell: &Cell, reason: &'static str, status: StatusCode) -> Response {
 }
 
 fn count_refusal(cell: &Cell, reason: &'static str) {
+    debug_assert!(labels::known(labels::ADMISSION_REASONS, reason), "{reason}");
     cell.ctx
         .metrics
         .admission_rejections
@@ -162,7 +164,7 @@ async fn control_gates(
     req: &mut http::Request<Incoming>,
     key: &http::HeaderValue,
 ) -> Response {
-    // Gate 3: the host token (§2.2).
+    // Gate 3: the host token.
     let token = match req
         .headers()
         .get_all(http::header::AUTHORIZATION)

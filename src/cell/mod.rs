@@ -1,5 +1,5 @@
 //! The cell role: the three WebSocket legs, host sessions, phone admission and splicing
-//! (protocol.md).
+//! (docs/reference/websocket.md).
 //!
 //! - [`legs`]: upgrade gates (raw refusals) and dispatch to the leg handlers.
 //! - [`ledger`]: pure connection-ledger bookkeeping (pre-auth admission and the socket toolkit are
@@ -67,9 +67,9 @@ pub struct Cell {
     pub renewer: renew::Renewer,
     pub releaser: release::Releaser,
     pub counts: Counts,
-    /// Idle regional rehome (§13): running attempts and held idle-work tokens.
+    /// Idle regional rehome: running attempts and held idle-work tokens.
     pub idle: Arc<Mutex<idle_rehome::IdleRehome>>,
-    /// The 30 s window of the cell's own safety counters (§12, §13).
+    /// The 30 s window of the cell's own safety counters.
     pub safety: Mutex<crate::rehome::rules::SafetyWindow>,
 }
 
@@ -79,7 +79,7 @@ pub struct Counts {
     pub controls: AtomicI64,
     pub splices: AtomicI64,
     pub pending: AtomicI64,
-    /// Control activities whose re-acquire failed (§4.4): the safety object's
+    /// Control activities whose re-acquire failed: the safety object's
     /// `controlActivityRecoveryFailures`.
     pub recovery_failures: AtomicI64,
     /// Times an idle control socket gave its codec back (see `control::control_loop`).
@@ -208,7 +208,7 @@ impl Cell {
         self.draining.load(Ordering::SeqCst)
     }
 
-    /// SIGTERM: drain with the shutdown grace and close every socket (protocol.md §11).
+    /// SIGTERM: drain with the shutdown grace and close every socket (docs/operations.md).
     pub async fn shutdown(self: &Arc<Self>) {
         // Activity releases run on the process tracker, which `server.rs` waits for before it
         // closes the database.
@@ -244,7 +244,7 @@ impl Cell {
     /// lands or the lease could no longer be live anyway
     /// ([`crate::contract::limits::CONTROL_ACTIVITY_EXPIRY_MAX_MS`] after the first attempt;
     /// shutdown's bounded task wait ends it earlier). A draining cell activates nothing
-    /// (protocol.md §11 step 1), so the id cannot have been given to a new session of this process
+    /// (docs/operations.md step 1), so the id cannot have been given to a new session of this process
     /// meanwhile, and the release is idempotent: the late delete can only remove the lease this
     /// process gave up. Before, an attempt was cancelled at 2 s and never retried: the lease of a
     /// host that left, still attributed to this running process, stayed until it expired (up to
@@ -299,6 +299,10 @@ impl Cell {
 
     /// Counts a relay-initiated close done elsewhere (the splice teardown closes both at once).
     pub fn count_close(&self, leg: Leg, code: u16) {
+        debug_assert!(
+            crate::metrics::labels::CLOSE_CODES.contains(&code),
+            "close code {code}"
+        );
         self.ctx
             .metrics
             .ws_closes

@@ -1,4 +1,4 @@
-//! Phone admission (protocol.md §5), the host data leg (§6) and the splice lifecycle (§8).
+//! Phone admission (docs/reference/websocket.md), the host data leg and the splice lifecycle.
 //!
 //! The phone task owns the phone socket from upgrade to close. After `conn-open` it waits for the
 //! data leg: the data task authenticates `host-data-auth`, takes the pending entry and hands its
@@ -45,7 +45,7 @@ struct Held {
     conn_id: Option<String>,
     /// The ledger's reserved unit is still the phone's to release.
     unit: bool,
-    /// The idle-work token of the accept (§13): the host is not idle while a phone is admitted.
+    /// The idle-work token of the accept: the host is not idle while a phone is admitted.
     idle: Option<super::idle_rehome::IdleToken>,
 }
 
@@ -118,46 +118,8 @@ pub async fn run_phone(
         unit: cell.ledger.is_some(),
         idle: None,
     };
-    let text = match first {
-        First::Text(t) => t,
-        First::Binary => {
-            held.release_unit();
-            return cell
-                .close_leg(
-                    Leg::Phone,
-                    &mut ws,
-                    close::BAD_OUTER_CREDENTIAL,
-                    reason::FIRST_FRAME_MUST_BE_TEXT,
-                )
-                .await;
-        }
-        First::Timeout => {
-            held.release_unit();
-            return cell
-                .close_leg(
-                    Leg::Phone,
-                    &mut ws,
-                    close::BAD_OUTER_CREDENTIAL,
-                    reason::FIRST_FRAME_TIMEOUT,
-                )
-                .await;
-        }
-        First::Oversize => {
-            held.release_unit();
-            return cell
-                .close_leg(
-                    Leg::Phone,
-                    &mut ws,
-                    close::MESSAGE_TOO_BIG,
-                    "message too big",
-                )
-                .await;
-        }
-        First::Violation(code) => {
-            held.release_unit();
-            return ws::close(&mut ws, code, ws::violation_reason(code)).await;
-        }
-        First::Gone => return held.release_unit(),
+    let Some(text) = phone_first_text(&cell, &mut ws, first, &mut held).await else {
+        return;
     };
     let auth: Option<frames::RelayAuth> = match frames::split(&text) {
         Split::Typed(t, m) if t == "relay-auth" => frames::body(m),
@@ -188,42 +150,84 @@ pub async fn run_phone(
     drop(guard);
 }
 
+/// The phone's first frame as text; anything else closes the phone (a framing violation with
+/// its own code) and releases its ledger unit.
+async fn phone_first_text(
+    cell: &Cell,
+    ws: &mut Ws,
+    first: First,
+    held: &mut Held,
+) -> Option<String> {
+    match first {
+        First::Text(t) => Some(t),
+        First::Binary => {
+            held.release_unit();
+            cell.close_leg(
+                Leg::Phone,
+                ws,
+                close::BAD_OUTER_CREDENTIAL,
+                reason::FIRST_FRAME_MUST_BE_TEXT,
+            )
+            .await;
+            None
+        }
+        First::Timeout => {
+            held.release_unit();
+            cell.close_leg(
+                Leg::Phone,
+                ws,
+                close::BAD_OUTER_CREDENTIAL,
+                reason::FIRST_FRAME_TIMEOUT,
+            )
+            .await;
+            None
+        }
+        First::Oversize => {
+            held.release_unit();
+            cell.close_leg(Leg::Phone, ws, close::MESSAGE_TOO_BIG, "message too big")
+                .await;
+            None
+        }
+        First::Violation(code) => {
+            held.release_unit();
+            ws::close(ws, code, ws::violation_reason(code)).await;
+            None
+        }
+        First::Gone => {
+            held.release_unit();
+            None
+        }
+    }
+}
+
 const REJECTED: &str = reason::RELAY_CONNECTION_REJECTED;
 
-/// §5.2 steps, the wait for the data leg, and the splice. `Err(Some)` = reject with that close;
-/// `Err(None)` = the phone is gone.
+/// A refused admission: `Some` = reject with that close, `None` = the phone is gone.
+type Refusal = Option<(u16, &'static str)>;
+
+/// What the admission settled for one phone, handed on to the attach.
+struct Admitted {
+    key: HostKey,
+    resolved: Resolved,
+    /// `"invite"` or `"resume"`.
+    kind: &'static str,
+    /// The reservation's lease expiry.
+    lease: i64,
+    reserved_at: i64,
+}
+
+/// The admission steps in their order, the wait for the data leg, then the attach. Between the
+/// steps that spend something the phone is polled, so a phone that left stops the admission.
 async fn admit(
     cell: &Arc<Cell>,
     ws: &mut Ws,
     held: &mut Held,
     relay_host_id: &str,
     credential: &str,
-) -> Result<Option<SpliceJob>, Option<(u16, &'static str)>> {
+) -> Result<Option<SpliceJob>, Refusal> {
     let started = now_ms();
-    let db = &cell.ctx.db;
-    let unavailable = Some((close::LIMIT_EXCEEDED, reason::RELAY_TEMPORARILY_UNAVAILABLE));
     let mut stash: Option<Message> = None;
-    // Step 3: resolve the credential and the assignment.
-    let resolved = match creds::resolve(db, relay_host_id, credential, now_ms()).await {
-        Ok(Some(r)) => r,
-        Ok(None) => return Err(Some((close::WRONG_CELL, REJECTED))),
-        Err(_) => return Err(unavailable),
-    };
-    let key = HostKey {
-        user_id: resolved.user_id().to_owned(),
-        relay_host_id: relay_host_id.to_owned(),
-    };
-    held.key = Some(key.clone());
-    // Step 1: the idle-work token.
-    let Some(idle) = cell.idle_token(&key) else {
-        return Err(Some((close::WRONG_CELL, REJECTED)));
-    };
-    held.idle = Some(idle);
-    match store::resolve_assignment(db, &key).await {
-        Ok(Some(a)) if a.cell_id == cell.ctx.config.cell_id => {}
-        Ok(_) => return Err(Some((close::WRONG_CELL, REJECTED))),
-        Err(_) => return Err(unavailable),
-    }
+    let (resolved, key) = resolve_phone(cell, held, relay_host_id, credential).await?;
     if phone_gone(ws, &mut stash) {
         abandoned(&key, "assignment", started);
         return Err(None);
@@ -234,64 +238,156 @@ async fn admit(
     if current.is_some_and(|s| s.lock().drain_sent) {
         return Err(Some((close::DRAINING, REJECTED)));
     }
-    // Step 4: reserve.
-    let reserved_at = now_ms();
-    let (kind, lease) = match &resolved {
-        Resolved::Invite { hash, .. } => match creds::reserve_invite(db, hash, reserved_at).await {
-            Ok(Some(r)) => {
-                held.invite = Some((hash.clone(), r.id.clone()));
-                ("invite", r.lease_expires_at)
-            }
-            Ok(None) => return Err(Some((close::BAD_OUTER_CREDENTIAL, REJECTED))),
-            Err(_) => return Err(unavailable),
-        },
-        Resolved::Resume { .. } => ("resume", reserved_at + limits::ATTACH_DEADLINE_MS as i64),
-    };
+    let (kind, lease, reserved_at) = reserve_credential(cell, held, &resolved).await?;
     // The credential is reserved (authenticated): the phone leg's own message limit applies.
     ws::authenticated(ws);
     if phone_gone(ws, &mut stash) {
         abandoned(&key, "credential", started);
         return Err(None);
     }
-    // Steps 5, 6 (and step 2 again: a drain may have been sent while reserving).
-    let session = cell.registry().get(&key);
-    let (session, sock_id) = {
-        let Some(session) = session else {
-            return Err(Some(offline(cell, &key)));
-        };
-        let st = session.lock();
-        if st.drain_sent {
-            return Err(Some((close::DRAINING, REJECTED)));
-        }
-        let Some(c) = st
-            .control
-            .as_ref()
-            .filter(|_| st.state == State::Active && st.control_open())
-        else {
-            drop(st);
-            return Err(Some(offline(cell, &key)));
-        };
-        if st.load() >= limits::PER_HOST_CONNECTIONS {
-            return Err(Some((close::LIMIT_EXCEEDED, REJECTED)));
-        }
-        let sock_id = c.sock_id;
-        drop(st);
-        (session, sock_id)
-    };
-    // Step 7: the credential activity.
+    let (session, sock_id) = live_control(cell, &key)?;
     let conn_id = uuid::Uuid::new_v4().to_string();
-    let activity = match kind {
-        "invite" => format!("invite:{conn_id}"),
-        _ => format!("confirmation:{conn_id}"),
+    acquire_credential_activity(cell, held, &key, kind, &conn_id).await?;
+    if phone_gone(ws, &mut stash) {
+        abandoned(&key, "activity", started);
+        return Err(None);
+    }
+    let adm = Admitted {
+        key,
+        resolved,
+        kind,
+        lease,
+        reserved_at,
     };
-    let activity_kind = if kind == "invite" {
-        ActivityKind::Invite
-    } else {
-        ActivityKind::Confirmation
+    let mut rx = open_pending(cell, held, &session, sock_id, &conn_id, &adm)?;
+    cell.counts.pending.fetch_add(1, Ordering::Relaxed);
+    let waited = wait_attach(cell, ws, &session, &conn_id, &mut rx, &mut stash).await;
+    cell.counts.pending.fetch_sub(1, Ordering::Relaxed);
+    cell.registry().pending_owner.remove(&conn_id);
+    let leg = match waited {
+        Waited::Data(leg) => leg,
+        Waited::Reject(code, r) => return Err(Some((code, r))),
+        Waited::Gone => {
+            abandoned(&adm.key, "attach", started);
+            return Err(None);
+        }
     };
+    Ok(attach(cell, ws, held, &session, conn_id, &adm, *leg, stash).await)
+}
+
+/// Step 3: resolves the credential to its host, then step 1 (the idle-work token, kept in
+/// `held`) and the host's assignment, which must be this cell.
+async fn resolve_phone(
+    cell: &Cell,
+    held: &mut Held,
+    relay_host_id: &str,
+    credential: &str,
+) -> Result<(Resolved, HostKey), Refusal> {
+    let db = &cell.ctx.db;
+    let unavailable = Some((close::LIMIT_EXCEEDED, reason::RELAY_TEMPORARILY_UNAVAILABLE));
+    let resolved = match creds::resolve(db, relay_host_id, credential, now_ms()).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return Err(Some((close::WRONG_CELL, REJECTED))),
+        Err(_) => return Err(unavailable),
+    };
+    let key = HostKey {
+        user_id: resolved.user_id().to_owned(),
+        relay_host_id: relay_host_id.to_owned(),
+    };
+    held.key = Some(key.clone());
+    let Some(idle) = cell.idle_token(&key) else {
+        return Err(Some((close::WRONG_CELL, REJECTED)));
+    };
+    held.idle = Some(idle);
+    match store::resolve_assignment(db, &key).await {
+        Ok(Some(a)) if a.cell_id == cell.ctx.config.cell_id => Ok((resolved, key)),
+        Ok(_) => Err(Some((close::WRONG_CELL, REJECTED))),
+        Err(_) => Err(unavailable),
+    }
+}
+
+/// Step 4: reserves an invite (kept in `held`, failed on undo); a resume needs no reservation.
+/// Returns the credential kind, the lease expiry and the reservation time.
+async fn reserve_credential(
+    cell: &Cell,
+    held: &mut Held,
+    resolved: &Resolved,
+) -> Result<(&'static str, i64, i64), Refusal> {
+    let reserved_at = now_ms();
+    match resolved {
+        Resolved::Invite { hash, .. } => {
+            match creds::reserve_invite(&cell.ctx.db, hash, reserved_at).await {
+                Ok(Some(r)) => {
+                    held.invite = Some((hash.clone(), r.id.clone()));
+                    Ok(("invite", r.lease_expires_at, reserved_at))
+                }
+                Ok(None) => Err(Some((close::BAD_OUTER_CREDENTIAL, REJECTED))),
+                Err(_) => Err(Some((
+                    close::LIMIT_EXCEEDED,
+                    reason::RELAY_TEMPORARILY_UNAVAILABLE,
+                ))),
+            }
+        }
+        Resolved::Resume { .. } => Ok((
+            "resume",
+            reserved_at + limits::ATTACH_DEADLINE_MS as i64,
+            reserved_at,
+        )),
+    }
+}
+
+/// Steps 5 and 6 (and step 2 again: a drain may have been sent while reserving): the host's
+/// session with an open active control and room for one more connection; returns the session
+/// and its control's socket id.
+fn live_control(cell: &Cell, key: &HostKey) -> Result<(Arc<Session>, u64), Refusal> {
+    let session = cell.registry().get(key);
+    let Some(session) = session else {
+        return Err(Some(offline(cell, key)));
+    };
+    let st = session.lock();
+    if st.drain_sent {
+        return Err(Some((close::DRAINING, REJECTED)));
+    }
+    let Some(c) = st
+        .control
+        .as_ref()
+        .filter(|_| st.state == State::Active && st.control_open())
+    else {
+        drop(st);
+        return Err(Some(offline(cell, key)));
+    };
+    if st.load() >= limits::PER_HOST_CONNECTIONS {
+        return Err(Some((close::LIMIT_EXCEEDED, REJECTED)));
+    }
+    let sock_id = c.sock_id;
+    drop(st);
+    Ok((session, sock_id))
+}
+
+/// The activity a phone's credential holds until its splice ends: `invite:<connId>` for an
+/// invite, `confirmation:<connId>` for a resume.
+fn credential_activity(kind: &str, conn_id: &str) -> (String, ActivityKind) {
+    match kind {
+        "invite" => (format!("invite:{conn_id}"), ActivityKind::Invite),
+        _ => (
+            format!("confirmation:{conn_id}"),
+            ActivityKind::Confirmation,
+        ),
+    }
+}
+
+/// Step 7: acquires the credential activity (kept in `held`, released on undo).
+async fn acquire_credential_activity(
+    cell: &Cell,
+    held: &mut Held,
+    key: &HostKey,
+    kind: &'static str,
+    conn_id: &str,
+) -> Result<(), Refusal> {
+    let (activity, activity_kind) = credential_activity(kind, conn_id);
     if store::acquire_activity(
-        db,
-        &key,
+        &cell.ctx.db,
+        key,
         &activity,
         activity_kind,
         &cell.ctx.config.cell_id,
@@ -303,91 +399,74 @@ async fn admit(
     {
         return Err(Some((close::LIMIT_EXCEEDED, REJECTED)));
     }
-    held.activity = Some(activity.clone());
-    if phone_gone(ws, &mut stash) {
-        abandoned(&key, "activity", started);
-        return Err(None);
-    }
-    // Steps 8, 9.
+    held.activity = Some(activity);
+    Ok(())
+}
+
+/// Steps 8 and 9: registers the pending connection (if the session is still the host's, its
+/// control the same and open, and there is room) and sends `conn-open` on the control; returns
+/// the channel the data leg attaches through.
+fn open_pending(
+    cell: &Cell,
+    held: &mut Held,
+    session: &Session,
+    sock_id: u64,
+    conn_id: &str,
+    adm: &Admitted,
+) -> Result<oneshot::Receiver<Attach>, Refusal> {
     let ticket = crypto::random_b64u32();
-    let (tx, mut rx) = oneshot::channel();
+    let (tx, rx) = oneshot::channel();
     // Lock order: registry before session, never the registry while a session is locked.
     let registered = {
         let mut reg = cell.registry();
-        let current = reg.get(&key).is_some_and(|s| s.id == session.id);
+        let current = reg.get(&adm.key).is_some_and(|s| s.id == session.id);
         if current {
-            reg.pending_owner.insert(conn_id.clone(), key.clone());
+            reg.pending_owner
+                .insert(conn_id.to_owned(), adm.key.clone());
         }
         current
     };
-    {
-        let mut st = session.lock();
-        let same = registered
-            && !st.drain_sent
-            && st.state == State::Active
-            && st
-                .control
-                .as_ref()
-                .is_some_and(|c| c.sock_id == sock_id && !c.tx.is_closed());
-        let full = st.load() >= limits::PER_HOST_CONNECTIONS;
-        if !same || full {
-            drop(st);
-            cell.registry().pending_owner.remove(&conn_id);
-            return Err(Some(if same {
-                (close::LIMIT_EXCEEDED, REJECTED)
-            } else {
-                (close::WRONG_CELL, REJECTED)
-            }));
-        }
-        st.pending.insert(
-            conn_id.clone(),
-            Pending {
-                ticket: ticket.clone(),
-                kind,
-                device: resolved.device().to_owned(),
-                tx,
-            },
-        );
-        held.conn_id = Some(conn_id.clone());
-        cell.with_ledger(|l| l.bind(&conn_id));
-        if let Some(c) = &st.control {
-            c.send(ControlOut::Frame(
-                json!({"type":"conn-open","connId":conn_id,"connTicket":ticket,"kind":kind,
-                       "relayDeviceId":resolved.device(),"attachDeadlineMs":limits::ATTACH_DEADLINE_MS})
-                .to_string(),
-            ));
-        }
+    let mut st = session.lock();
+    let same = registered
+        && !st.drain_sent
+        && st.state == State::Active
+        && st
+            .control
+            .as_ref()
+            .is_some_and(|c| c.sock_id == sock_id && !c.tx.is_closed());
+    let full = st.load() >= limits::PER_HOST_CONNECTIONS;
+    if !same || full {
+        drop(st);
+        cell.registry().pending_owner.remove(conn_id);
+        return Err(Some(if same {
+            (close::LIMIT_EXCEEDED, REJECTED)
+        } else {
+            (close::WRONG_CELL, REJECTED)
+        }));
     }
-    cell.counts.pending.fetch_add(1, Ordering::Relaxed);
-    let waited = wait_attach(cell, ws, &session, &conn_id, &mut rx, &mut stash).await;
-    cell.counts.pending.fetch_sub(1, Ordering::Relaxed);
-    cell.registry().pending_owner.remove(&conn_id);
-    let leg = match waited {
-        Waited::Data(leg) => leg,
-        Waited::Reject(code, r) => return Err(Some((code, r))),
-        Waited::Gone => {
-            abandoned(&key, "attach", started);
-            return Err(None);
-        }
-    };
-    Ok(attach(
-        cell,
-        ws,
-        held,
-        &session,
-        &key,
-        conn_id,
-        &resolved,
-        kind,
-        lease,
-        reserved_at,
-        *leg,
-        stash,
-    )
-    .await)
+    let kind = adm.kind;
+    st.pending.insert(
+        conn_id.to_owned(),
+        Pending {
+            ticket: ticket.clone(),
+            kind,
+            device: adm.resolved.device().to_owned(),
+            tx,
+        },
+    );
+    held.conn_id = Some(conn_id.to_owned());
+    cell.with_ledger(|l| l.bind(conn_id));
+    if let Some(c) = &st.control {
+        c.send(ControlOut::Frame(
+            json!({"type":"conn-open","connId":conn_id,"connTicket":ticket,"kind":kind,
+                   "relayDeviceId":adm.resolved.device(),"attachDeadlineMs":limits::ATTACH_DEADLINE_MS})
+            .to_string(),
+        ));
+    }
+    Ok(rx)
 }
 
-/// Step-5 rejection: 4404 `relay connection rejected`, or `signed-out` when remembered (§5.3).
+/// Step-5 rejection: 4404 `relay connection rejected`, or `signed-out` when remembered.
 fn offline(cell: &Cell, key: &HostKey) -> (u16, &'static str) {
     let signed_out = crate::sync::lock(&cell.signed_out).is_signed_out(key, now_ms());
     (
@@ -459,19 +538,17 @@ async fn wait_attach(
     }
 }
 
-/// §6 steps 4–7, then the splice and its teardown.
+/// The attach: the splice's basis and activity persisted, forwarding installed (the kill switch)
+/// before `relay-hello`, then the splice job. A failed step undoes the admission and closes both
+/// legs.
 #[allow(clippy::too_many_arguments)]
 async fn attach(
     cell: &Arc<Cell>,
     phone: &mut Ws,
     held: &mut Held,
     session: &Arc<Session>,
-    key: &HostKey,
     conn_id: String,
-    resolved: &Resolved,
-    kind: &'static str,
-    lease: i64,
-    reserved_at: i64,
+    adm: &Admitted,
     leg: DataLeg,
     stash: Option<Message>,
 ) -> Option<SpliceJob> {
@@ -479,19 +556,70 @@ async fn attach(
         ws: mut host,
         guard,
     } = leg;
-    let db = &cell.ctx.db;
+    let key = &adm.key;
     let splice_activity = splice_activity_id(&conn_id);
     let now = now_ms();
     let (generation, drain_sent) = {
         let st = session.lock();
         (st.generation, st.drain_sent)
     };
-    let basis = creds::Basis {
-        conn_id: conn_id.clone(),
-        host: key.clone(),
+    let basis = basis_of(adm, &conn_id, generation, now);
+    if persist_splice(cell, key, &splice_activity, &basis, now)
+        .await
+        .is_err()
+    {
+        session.lock().active.remove(&conn_id);
+        cell.release_activity(key, splice_activity);
+        let closes = (close::LIMIT_EXCEEDED, reason::BASIS_PERSISTENCE_FAILED);
+        fail_attach(cell, phone, &mut host, held, &conn_id, closes).await;
+        return None;
+    }
+    // Step 5 re-check, then step 6: install forwarding (the kill switch) before relay-hello.
+    let (kill_tx, kill_rx) = oneshot::channel();
+    let ok = install_forwarding(cell, session, key, &conn_id, drain_sent, kill_tx);
+    let mut stash = stash;
+    let phone_open = ok && !phone_gone(phone, &mut stash);
+    if !ok || !phone_open {
+        session.lock().active.remove(&conn_id);
+        let _ = creds::deactivate_basis(&cell.ctx.db, &conn_id).await;
+        cell.release_activity(key, splice_activity);
+        let closes = (close::DRAINING, reason::HOST_RETIRED_DURING_ATTACHMENT);
+        fail_attach(cell, phone, &mut host, held, &conn_id, closes).await;
+        return None;
+    }
+    // Step 7.
+    let hello = relay_hello(&adm.resolved, adm.lease, adm.reserved_at);
+    held.invite = None; // the reservation succeeded: nothing to fail any more
+    let credential_activity = held.activity.take();
+    held.unit = false;
+    cell.with_ledger(|l| l.consume_bound(&conn_id));
+    let sent = phone.send(Message::text(hello.to_string())).await.is_ok();
+    logging::event(
+        "orca_relay_client_accept_completed",
+        json!({"host": logging::digest(&key.relay_host_id), "kind": adm.kind}),
+    );
+    Some(SpliceJob {
+        host: Box::new(host),
+        guard,
+        kill_rx,
+        session: session.clone(),
+        conn_id,
+        credential_activity,
+        stash: if sent { stash } else { None },
+        phone_gone: !sent,
+    })
+}
+
+/// The connection's basis: what a later resume confirmation or install is checked against. A
+/// resume's basis lasts the resume-basis deadline, an invite's the reservation lease.
+fn basis_of(adm: &Admitted, conn_id: &str, generation: i64, now: i64) -> creds::Basis {
+    let resolved = &adm.resolved;
+    creds::Basis {
+        conn_id: conn_id.to_owned(),
+        host: adm.key.clone(),
         device: resolved.device().to_owned(),
         generation,
-        kind,
+        kind: adm.kind,
         invite_hash: match resolved {
             Resolved::Invite { hash, .. } => Some(hash.clone()),
             _ => None,
@@ -504,84 +632,85 @@ async fn attach(
             Resolved::Resume { accepted_as, .. } => Some(*accepted_as),
             _ => None,
         },
-        deadline: if kind == "resume" {
+        deadline: if adm.kind == "resume" {
             now + limits::RESUME_BASIS_DEADLINE_MS
         } else {
-            lease
+            adm.lease
         },
-    };
-    let persisted = async {
-        store::acquire_activity(
-            db,
-            key,
-            &splice_activity,
-            ActivityKind::Splice,
-            &cell.ctx.config.cell_id,
-            None,
-            now,
-        )
-        .await
-        .map_err(|_| ())?;
-        creds::persist_basis(db, &basis, now).await.map_err(|_| ())
     }
-    .await;
-    let remove_active = |session: &Session| {
-        session.lock().active.remove(&conn_id);
-    };
-    if persisted.is_err() {
-        remove_active(session);
-        cell.release_activity(key, splice_activity);
-        cell.with_ledger(|l| l.restore_bound(&conn_id));
-        held.undo().await;
-        tokio::join!(
-            reject(cell, phone, close::LIMIT_EXCEEDED, REJECTED),
-            cell.close_leg(
-                Leg::Data,
-                &mut host,
-                close::LIMIT_EXCEEDED,
-                reason::BASIS_PERSISTENCE_FAILED
-            )
-        );
-        return None;
-    }
-    // Step 5 re-check, then step 6: install forwarding (the kill switch) before relay-hello.
-    let (kill_tx, kill_rx) = oneshot::channel();
+}
+
+/// Acquires the splice activity, then persists the basis.
+async fn persist_splice(
+    cell: &Cell,
+    key: &HostKey,
+    splice_activity: &str,
+    basis: &creds::Basis,
+    now: i64,
+) -> Result<(), ()> {
+    let db = &cell.ctx.db;
+    store::acquire_activity(
+        db,
+        key,
+        splice_activity,
+        ActivityKind::Splice,
+        &cell.ctx.config.cell_id,
+        None,
+        now,
+    )
+    .await
+    .map_err(|_| ())?;
+    creds::persist_basis(db, basis, now).await.map_err(|_| ())
+}
+
+/// Installs the connection's kill switch if the session is still the host's, was not sent a
+/// drain (before or during the attach), is not closed and still holds the connection; otherwise
+/// drops the connection from the session. Returns whether it was installed.
+fn install_forwarding(
+    cell: &Cell,
+    session: &Session,
+    key: &HostKey,
+    conn_id: &str,
+    drain_sent: bool,
+    kill_tx: super::session::Kill,
+) -> bool {
     let registered = cell.registry().get(key).is_some_and(|s| s.id == session.id);
-    let ok = {
-        let mut st = session.lock();
-        let ok = registered
-            && !drain_sent
-            && !st.drain_sent
-            && st.state != State::Closed
-            && st.active.contains_key(&conn_id);
-        if ok {
-            st.active.insert(conn_id.clone(), Some(kill_tx));
-        } else {
-            st.active.remove(&conn_id);
-        }
-        ok
-    };
-    let mut stash = stash;
-    let phone_open = ok && !phone_gone(phone, &mut stash);
-    if !ok || !phone_open {
-        remove_active(session);
-        let _ = creds::deactivate_basis(db, &conn_id).await;
-        cell.release_activity(key, splice_activity);
-        cell.with_ledger(|l| l.restore_bound(&conn_id));
-        held.undo().await;
-        tokio::join!(
-            reject(cell, phone, close::DRAINING, REJECTED),
-            cell.close_leg(
-                Leg::Data,
-                &mut host,
-                close::DRAINING,
-                reason::HOST_RETIRED_DURING_ATTACHMENT
-            )
-        );
-        return None;
+    let mut st = session.lock();
+    let ok = registered
+        && !drain_sent
+        && !st.drain_sent
+        && st.state != State::Closed
+        && st.active.contains_key(conn_id);
+    if ok {
+        st.active.insert(conn_id.to_owned(), Some(kill_tx));
+    } else {
+        st.active.remove(conn_id);
     }
-    // Step 7.
-    let hello = match resolved {
+    ok
+}
+
+/// A failed attach: the ledger's bound unit back, the admission undone, the phone rejected and
+/// the data leg closed, both with `code` (the data leg with `host_reason`).
+async fn fail_attach(
+    cell: &Cell,
+    phone: &mut Ws,
+    host: &mut Ws,
+    held: &mut Held,
+    conn_id: &str,
+    (code, host_reason): (u16, &'static str),
+) {
+    cell.with_ledger(|l| l.restore_bound(conn_id));
+    held.undo().await;
+    tokio::join!(
+        reject(cell, phone, code, REJECTED),
+        cell.close_leg(Leg::Data, host, code, host_reason)
+    );
+}
+
+/// The accepting `relay-hello`: an invite's lease is its reservation's; a resume's is the attach
+/// deadline from the reservation, with the accepted credential version and its expiries.
+fn relay_hello(resolved: &Resolved, lease: i64, reserved_at: i64) -> serde_json::Value {
+    match resolved {
         Resolved::Invite { .. } => {
             json!({"type":"relay-hello","ok":true,"credentialKind":"invite","leaseExpiresAt":lease})
         }
@@ -601,26 +730,7 @@ async fn attach(
             }
             v
         }
-    };
-    held.invite = None; // the reservation succeeded: nothing to fail any more
-    let credential_activity = held.activity.take();
-    held.unit = false;
-    cell.with_ledger(|l| l.consume_bound(&conn_id));
-    let sent = phone.send(Message::text(hello.to_string())).await.is_ok();
-    logging::event(
-        "orca_relay_client_accept_completed",
-        json!({"host": logging::digest(&key.relay_host_id), "kind": kind}),
-    );
-    Some(SpliceJob {
-        host: Box::new(host),
-        guard,
-        kill_rx,
-        session: session.clone(),
-        conn_id,
-        credential_activity,
-        stash: if sent { stash } else { None },
-        phone_gone: !sent,
-    })
+    }
 }
 
 /// The activity id of the splice of `conn_id`.
@@ -644,7 +754,7 @@ pub struct SpliceJob {
     phone_gone: bool,
 }
 
-/// §8: forward until either side ends, then tear down (idempotent, both sides the same code).
+///: forward until either side ends, then tear down (idempotent, both sides the same code).
 pub async fn run_splice(
     cell: Arc<Cell>,
     mut phone: Box<Ws>,
@@ -668,19 +778,7 @@ pub async fn run_splice(
     let _ = phone.flush().await;
     let _ = host.flush().await;
     // The live splice folds its counts in as it goes (splice::FOLD_INTERVAL), not only at its end.
-    let meter = {
-        let m = &cell.ctx.metrics;
-        let frames = |d| m.splice_frames.with_label_values(&[d]);
-        let bytes = |d| m.splice_bytes.with_label_values(&[d]);
-        let (fh, fp) = (frames("to_host"), frames("to_phone"));
-        let (bh, bp) = (bytes("to_host"), bytes("to_phone"));
-        move |d: splice::Stats| {
-            fh.inc_by(d.frames_to_host);
-            fp.inc_by(d.frames_to_phone);
-            bh.inc_by(d.bytes_to_host);
-            bp.inc_by(d.bytes_to_phone);
-        }
-    };
+    let meter = splice_meter(&cell);
     let end = if phone_gone {
         splice::End::Dropped(splice::Side::Phone)
     } else {
@@ -731,7 +829,22 @@ pub async fn run_splice(
     .await;
 }
 
-/// The host data leg (§6) up to the hand-over to its phone.
+/// Folds a splice's counts into the frame and byte counters; the four series are looked up once.
+fn splice_meter(cell: &Cell) -> impl Fn(splice::Stats) + Sync {
+    let m = &cell.ctx.metrics;
+    let frames = |d| m.splice_frames.with_label_values(&[d]);
+    let bytes = |d| m.splice_bytes.with_label_values(&[d]);
+    let (fh, fp) = (frames("to_host"), frames("to_phone"));
+    let (bh, bp) = (bytes("to_host"), bytes("to_phone"));
+    move |d: splice::Stats| {
+        fh.inc_by(d.frames_to_host);
+        fp.inc_by(d.frames_to_phone);
+        bh.inc_by(d.bytes_to_host);
+        bp.inc_by(d.bytes_to_phone);
+    }
+}
+
+/// The host data leg up to the hand-over to its phone.
 pub async fn run_data(
     cell: Arc<Cell>,
     mut ws: Ws,
@@ -741,94 +854,17 @@ pub async fn run_data(
 ) {
     let first = ws::first_frame(&mut ws, Duration::from_millis(limits::FIRST_FRAME_MS)).await;
     cell.preauth().leave(&source);
-    let restore = |cell: &Cell| cell.with_ledger(|l| l.restore_bound(&conn_id));
-    let fail = |code, r| (code, r);
-    let outcome = match first {
-        First::Text(t) => Ok(t),
-        First::Binary => Err(fail(
-            close::BAD_OUTER_CREDENTIAL,
-            reason::FIRST_FRAME_MUST_BE_TEXT,
-        )),
-        First::Timeout => Err(fail(
-            close::BAD_OUTER_CREDENTIAL,
-            reason::FIRST_FRAME_TIMEOUT,
-        )),
-        First::Oversize => Err(fail(close::MESSAGE_TOO_BIG, "message too big")),
-        First::Violation(code) => Err(fail(code, ws::violation_reason(code))),
-        First::Gone => {
-            restore(&cell);
+    let claimed = data_leg_auth(first).and_then(|auth| claim_pending(&cell, &conn_id, &auth));
+    // The idle-work token is held through the hand-over.
+    let (session, pending, _idle) = match claimed {
+        Ok(x) => x,
+        Err(refusal) => {
+            cell.with_ledger(|l| l.restore_bound(&conn_id));
+            if let Some((code, r)) = refusal {
+                cell.close_leg(Leg::Data, &mut ws, code, r).await;
+            }
             return;
         }
-    };
-    let text = match outcome {
-        Ok(t) => t,
-        Err((code, r)) => {
-            restore(&cell);
-            return cell.close_leg(Leg::Data, &mut ws, code, r).await;
-        }
-    };
-    let auth: Option<frames::HostDataAuth> = match frames::split(&text) {
-        Split::Typed(t, m) if t == "host-data-auth" => frames::body(m),
-        _ => None,
-    };
-    let Some(auth) = auth else {
-        restore(&cell);
-        return cell
-            .close_leg(
-                Leg::Data,
-                &mut ws,
-                close::BAD_OUTER_CREDENTIAL,
-                reason::INVALID_HOST_DATA_AUTH,
-            )
-            .await;
-    };
-    let bad_ticket = (
-        close::BAD_OUTER_CREDENTIAL,
-        reason::INVALID_HOST_DATA_TICKET,
-    );
-    // Step 1.
-    let owner = {
-        let reg = cell.registry();
-        reg.pending_owner.get(&conn_id).and_then(|k| reg.get(k))
-    };
-    let Some(session) = owner else {
-        restore(&cell);
-        return cell
-            .close_leg(Leg::Data, &mut ws, bad_ticket.0, bad_ticket.1)
-            .await;
-    };
-    let Some(_idle) = cell.idle_token(&session.key) else {
-        restore(&cell);
-        return cell
-            .close_leg(
-                Leg::Data,
-                &mut ws,
-                close::WRONG_CELL,
-                reason::IDLE_CUTOVER_IN_PROGRESS,
-            )
-            .await;
-    };
-    // Steps 2, 3.
-    let pending = {
-        let mut st = session.lock();
-        let valid = st.pending.get(&conn_id).is_some_and(|p| {
-            crypto::ct_eq_str(&p.ticket, &auth.conn_ticket)
-                && auth.generation as i64 == st.generation
-                && matches!(st.state, State::Active | State::DrainOnly)
-        });
-        if valid {
-            let p = st.pending.remove(&conn_id);
-            st.active.insert(conn_id.clone(), None);
-            p
-        } else {
-            None
-        }
-    };
-    let Some(pending) = pending else {
-        restore(&cell);
-        return cell
-            .close_leg(Leg::Data, &mut ws, bad_ticket.0, bad_ticket.1)
-            .await;
     };
     cell.registry().pending_owner.remove(&conn_id);
     // The ticket authenticated the data leg: its own message limit applies from here.
@@ -847,5 +883,190 @@ pub async fn run_data(
             reason::PEER_CONNECTION_DROPPED,
         )
         .await;
+    }
+}
+
+/// The data leg's first frame must be a text `host-data-auth`; `Err(None)` when the socket is gone.
+fn data_leg_auth(first: First) -> Result<frames::HostDataAuth, Refusal> {
+    let text = match first {
+        First::Text(t) => t,
+        First::Binary => {
+            return Err(Some((
+                close::BAD_OUTER_CREDENTIAL,
+                reason::FIRST_FRAME_MUST_BE_TEXT,
+            )))
+        }
+        First::Timeout => {
+            return Err(Some((
+                close::BAD_OUTER_CREDENTIAL,
+                reason::FIRST_FRAME_TIMEOUT,
+            )))
+        }
+        First::Oversize => return Err(Some((close::MESSAGE_TOO_BIG, "message too big"))),
+        First::Violation(code) => return Err(Some((code, ws::violation_reason(code)))),
+        First::Gone => return Err(None),
+    };
+    let auth: Option<frames::HostDataAuth> = match frames::split(&text) {
+        Split::Typed(t, m) if t == "host-data-auth" => frames::body(m),
+        _ => None,
+    };
+    auth.ok_or(Some((
+        close::BAD_OUTER_CREDENTIAL,
+        reason::INVALID_HOST_DATA_AUTH,
+    )))
+}
+
+/// Step 1: the session that owns the pending connection, and the host's idle-work token; steps
+/// 2 and 3: the ticket, generation and session state match, so the pending entry is taken and
+/// the connection becomes active. Returns the session, the entry and the token.
+fn claim_pending(
+    cell: &Cell,
+    conn_id: &str,
+    auth: &frames::HostDataAuth,
+) -> Result<(Arc<Session>, Pending, super::idle_rehome::IdleToken), Refusal> {
+    let bad_ticket = Some((
+        close::BAD_OUTER_CREDENTIAL,
+        reason::INVALID_HOST_DATA_TICKET,
+    ));
+    let owner = {
+        let reg = cell.registry();
+        reg.pending_owner.get(conn_id).and_then(|k| reg.get(k))
+    };
+    let Some(session) = owner else {
+        return Err(bad_ticket);
+    };
+    let Some(idle) = cell.idle_token(&session.key) else {
+        return Err(Some((close::WRONG_CELL, reason::IDLE_CUTOVER_IN_PROGRESS)));
+    };
+    let pending = {
+        let mut st = session.lock();
+        let valid = st.pending.get(conn_id).is_some_and(|p| {
+            crypto::ct_eq_str(&p.ticket, &auth.conn_ticket)
+                && auth.generation as i64 == st.generation
+                && matches!(st.state, State::Active | State::DrainOnly)
+        });
+        if valid {
+            let p = st.pending.remove(conn_id);
+            st.active.insert(conn_id.to_owned(), None);
+            p
+        } else {
+            None
+        }
+    };
+    match pending {
+        Some(p) => Ok((session, p, idle)),
+        None => Err(bad_ticket),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resume(grace: Option<i64>) -> Resolved {
+        Resolved::Resume {
+            user_id: "u".into(),
+            device: "d".into(),
+            version: 3,
+            accepted_as: "grace",
+            current_expires_at: 9_000,
+            grace_expires_at: grace,
+        }
+    }
+
+    fn admitted(resolved: Resolved, kind: &'static str) -> Admitted {
+        Admitted {
+            key: HostKey {
+                user_id: "u".into(),
+                relay_host_id: "h".into(),
+            },
+            resolved,
+            kind,
+            lease: 5_000,
+            reserved_at: 1_000,
+        }
+    }
+
+    #[test]
+    fn the_data_leg_opens_with_a_text_host_data_auth() {
+        let code = |first| data_leg_auth(first).err();
+        assert_eq!(code(First::Gone), Some(None));
+        assert_eq!(
+            code(First::Binary),
+            Some(Some((
+                close::BAD_OUTER_CREDENTIAL,
+                reason::FIRST_FRAME_MUST_BE_TEXT
+            )))
+        );
+        assert_eq!(
+            code(First::Text("{\"type\":\"relay-auth\"}".into())),
+            Some(Some((
+                close::BAD_OUTER_CREDENTIAL,
+                reason::INVALID_HOST_DATA_AUTH
+            )))
+        );
+        assert_eq!(
+            code(First::Violation(1002)).flatten().map(|c| c.0),
+            Some(1002)
+        );
+    }
+
+    #[test]
+    fn each_credential_holds_its_own_activity() {
+        assert_eq!(
+            credential_activity("invite", "c1"),
+            ("invite:c1".to_owned(), ActivityKind::Invite)
+        );
+        assert_eq!(
+            credential_activity("resume", "c1"),
+            ("confirmation:c1".to_owned(), ActivityKind::Confirmation)
+        );
+    }
+
+    #[test]
+    fn relay_hello_of_an_invite_carries_the_reservation_lease() {
+        let invite = Resolved::Invite {
+            hash: "h".into(),
+            user_id: "u".into(),
+            device: "d".into(),
+        };
+        let v = relay_hello(&invite, 5_000, 1_000);
+        assert_eq!(v["credentialKind"], "invite");
+        assert_eq!(v["leaseExpiresAt"], 5_000);
+    }
+
+    #[test]
+    fn relay_hello_of_a_resume_carries_the_attach_deadline_and_expiries() {
+        let v = relay_hello(&resume(Some(12_000)), 5_000, 1_000);
+        assert_eq!(v["credentialKind"], "resume");
+        assert_eq!(
+            v["leaseExpiresAt"],
+            1_000 + limits::ATTACH_DEADLINE_MS as i64
+        );
+        assert_eq!(v["acceptedCredentialVersion"], 3);
+        assert_eq!(v["acceptedAs"], "grace");
+        assert_eq!(v["resumeExpiresAt"], 9_000);
+        assert_eq!(v["graceExpiresAt"], 12_000);
+        let v = relay_hello(&resume(None), 5_000, 1_000);
+        assert!(v.get("graceExpiresAt").is_none());
+    }
+
+    #[test]
+    fn basis_deadline_by_kind() {
+        let b = basis_of(&admitted(resume(None), "resume"), "c1", 2, 100);
+        assert_eq!(b.deadline, 100 + limits::RESUME_BASIS_DEADLINE_MS);
+        assert_eq!(
+            (b.accepted_version, b.accepted_as, b.invite_hash),
+            (Some(3), Some("grace"), None)
+        );
+        let invite = Resolved::Invite {
+            hash: "h".into(),
+            user_id: "u".into(),
+            device: "d".into(),
+        };
+        let b = basis_of(&admitted(invite, "invite"), "c1", 2, 100);
+        assert_eq!(b.deadline, 5_000);
+        assert_eq!(b.invite_hash.as_deref(), Some("h"));
+        assert_eq!((b.conn_id.as_str(), b.generation), ("c1", 2));
     }
 }

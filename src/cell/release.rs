@@ -253,110 +253,157 @@ impl Releaser {
         });
     }
 
+    /// Releases what the queue brings, in batches of up to `BATCH_MAX`, until the queue is closed
+    /// and drained.
     async fn batcher(self, mut rx: mpsc::Receiver<Release>) {
         // At shutdown the queue closes (later releases run alone) and what it holds is still
         // released here; then the batcher ends.
-        let stop = self.ctx.child_token();
-        let mut closed = false;
-        let mut drained = false;
+        let mut intake = Intake {
+            stop: self.ctx.child_token(),
+            closed: false,
+            drained: false,
+        };
         // Releases whose host row was locked elsewhere: retried with the next batch, never waited
         // for. A release that waits for a row holds a pool connection the whole time (a drain's
         // hosts all race their directors' moves for their rows, and a full pool stalled the
         // cell's every release for seconds); retried here they cost one connection in all.
         let mut busy: Vec<Release> = Vec::new();
         loop {
-            let mut batch = Vec::new();
-            if busy.is_empty() {
-                if drained {
-                    return;
-                }
-                tokio::select! {
-                    biased;
-                    r = rx.recv() => match r {
-                        Some(r) => batch.push(r),
-                        None => return,
-                    },
-                    _ = stop.cancelled(), if !closed => {
-                        rx.close();
-                        closed = true;
-                        continue;
-                    }
-                }
-            } else {
-                // The rows' holders are short transactions: try again shortly, or at once with
-                // a release that arrives meanwhile.
-                tokio::select! {
-                    biased;
-                    r = rx.recv(), if !drained => match r {
-                        Some(r) => batch.push(r),
-                        None => drained = true,
-                    },
-                    _ = stop.cancelled(), if !closed => {
-                        rx.close();
-                        closed = true;
-                    }
-                    _ = tokio::time::sleep(ROW_BUSY_PAUSE) => {}
-                }
-                let take = busy.len().min(BATCH_MAX - batch.len());
-                batch.extend(busy.drain(..take));
-            }
-            while batch.len() < BATCH_MAX && !drained {
-                match rx.try_recv() {
-                    Ok(r) => batch.push(r),
-                    Err(_) => break,
-                }
-            }
-            let items: Vec<(HostKey, String)> = batch
-                .iter()
-                .map(|r| (r.key.clone(), r.activity_id.clone()))
-                .collect();
-            let now = crate::clock::now_ms();
-            let started = Instant::now();
-            let queue = batch
-                .iter()
-                .map(|r| started.saturating_duration_since(r.queued))
-                .max()
-                .unwrap_or_default();
-            let mut trace = store::ReleaseTrace::default();
-            let call = store::release_activities(&self.ctx.db, &items, now, &mut trace);
-            let outcome = past_deadline(call, &mut batch).await;
-            if self.draining.load(Ordering::SeqCst) {
-                log::info!(
-                    "[orca-relay] activity release batch n={} queue_ms={} total_ms={} {}",
-                    items.len(),
-                    queue.as_millis(),
-                    started.elapsed().as_millis(),
-                    phases(&trace)
-                );
-            }
-            for (i, mut r) in batch.into_iter().enumerate() {
-                let (landed, error) = match &outcome {
-                    Ok(done) if done.get(i) == Some(&true) => {
-                        r.log_if_late("batch", started.saturating_duration_since(r.queued), &trace);
-                        (true, String::new())
-                    }
-                    Ok(_) => {
-                        // The host's row is locked elsewhere: its first attempt has not ended;
-                        // the next batch tries it again (past its give-up no lease of this
-                        // process can be live any more).
-                        self.row_busy.fetch_add(1, Ordering::Relaxed);
-                        r.queued = Instant::now();
-                        if crate::clock::now_ms() >= r.give_up {
-                            r.ended(false, "assignment row locked elsewhere", &self.draining);
-                        } else if busy.len() < QUEUE_MAX {
-                            busy.push(r);
-                        } else {
-                            let me = self.clone();
-                            self.ctx.spawn("activity-release", me.alone(r));
-                        }
-                        continue;
-                    }
-                    Err(e) => (false, e.to_string()),
-                };
-                if r.ended(landed, &error, &self.draining) {
-                    self.retry(r);
-                }
+            match intake.next_batch(&mut rx, &mut busy).await {
+                Next::Batch(batch) => self.release_batch(batch, &mut busy).await,
+                Next::Again => continue,
+                Next::Stop => return,
             }
         }
+    }
+
+    /// Releases one batch in one store call and settles each release: landed, its row busy
+    /// (kept for the next batch), or failed (retried).
+    async fn release_batch(&self, mut batch: Vec<Release>, busy: &mut Vec<Release>) {
+        let items: Vec<(HostKey, String)> = batch
+            .iter()
+            .map(|r| (r.key.clone(), r.activity_id.clone()))
+            .collect();
+        let now = crate::clock::now_ms();
+        let started = Instant::now();
+        let queue = batch
+            .iter()
+            .map(|r| started.saturating_duration_since(r.queued))
+            .max()
+            .unwrap_or_default();
+        let mut trace = store::ReleaseTrace::default();
+        let call = store::release_activities(&self.ctx.db, &items, now, &mut trace);
+        let outcome = past_deadline(call, &mut batch).await;
+        if self.draining.load(Ordering::SeqCst) {
+            log::info!(
+                "[orca-relay] activity release batch n={} queue_ms={} total_ms={} {}",
+                items.len(),
+                queue.as_millis(),
+                started.elapsed().as_millis(),
+                phases(&trace)
+            );
+        }
+        for (i, mut r) in batch.into_iter().enumerate() {
+            let (landed, error) = match &outcome {
+                Ok(done) if done.get(i) == Some(&true) => {
+                    r.log_if_late("batch", started.saturating_duration_since(r.queued), &trace);
+                    (true, String::new())
+                }
+                Ok(_) => {
+                    self.row_busy_again(r, busy);
+                    continue;
+                }
+                Err(e) => (false, e.to_string()),
+            };
+            if r.ended(landed, &error, &self.draining) {
+                self.retry(r);
+            }
+        }
+    }
+
+    /// The host's row is locked elsewhere: its first attempt has not ended; the next batch tries
+    /// it again (past its give-up no lease of this process can be live any more). Over the busy
+    /// list's bound it runs alone.
+    fn row_busy_again(&self, mut r: Release, busy: &mut Vec<Release>) {
+        self.row_busy.fetch_add(1, Ordering::Relaxed);
+        r.queued = Instant::now();
+        if crate::clock::now_ms() >= r.give_up {
+            r.ended(false, "assignment row locked elsewhere", &self.draining);
+        } else if busy.len() < QUEUE_MAX {
+            busy.push(r);
+        } else {
+            let me = self.clone();
+            self.ctx.spawn("activity-release", me.alone(r));
+        }
+    }
+}
+
+/// What the batcher does next.
+enum Next {
+    Batch(Vec<Release>),
+    /// Nothing to release yet (the queue was just closed): wait again.
+    Again,
+    /// The queue is closed and drained, and nothing is busy.
+    Stop,
+}
+
+/// The batcher's side of the queue: the shutdown token, and whether the queue is closed (no new
+/// releases) and drained (nothing left in it).
+struct Intake {
+    stop: tokio_util::sync::CancellationToken,
+    closed: bool,
+    drained: bool,
+}
+
+impl Intake {
+    /// The next batch: waits for a release, or with busy releases waiting, for a short pause
+    /// (or a release arriving); then fills the batch from the queue without waiting.
+    async fn next_batch(
+        &mut self,
+        rx: &mut mpsc::Receiver<Release>,
+        busy: &mut Vec<Release>,
+    ) -> Next {
+        let mut batch = Vec::new();
+        if busy.is_empty() {
+            if self.drained {
+                return Next::Stop;
+            }
+            tokio::select! {
+                biased;
+                r = rx.recv() => match r {
+                    Some(r) => batch.push(r),
+                    None => return Next::Stop,
+                },
+                _ = self.stop.cancelled(), if !self.closed => {
+                    rx.close();
+                    self.closed = true;
+                    return Next::Again;
+                }
+            }
+        } else {
+            // The rows' holders are short transactions: try again shortly, or at once with
+            // a release that arrives meanwhile.
+            tokio::select! {
+                biased;
+                r = rx.recv(), if !self.drained => match r {
+                    Some(r) => batch.push(r),
+                    None => self.drained = true,
+                },
+                _ = self.stop.cancelled(), if !self.closed => {
+                    rx.close();
+                    self.closed = true;
+                }
+                _ = tokio::time::sleep(ROW_BUSY_PAUSE) => {}
+            }
+            let take = busy.len().min(BATCH_MAX - batch.len());
+            batch.extend(busy.drain(..take));
+        }
+        while batch.len() < BATCH_MAX && !self.drained {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        Next::Batch(batch)
     }
 }

@@ -1,4 +1,4 @@
-//! Batched control-activity renewal (protocol.md §4.4): rows of all hosts of the cell are flushed
+//! Batched control-activity renewal (docs/reference/websocket.md): rows of all hosts of the cell are flushed
 //! together 1 000 ms after the first row or at 200 rows, one store call per batch.
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Host sessions (protocol.md §0 "Host session", §3.5, §4.5) and the per-cell registry.
+//! Host sessions (docs/reference/websocket.md "Host session") and the per-cell registry.
 //!
 //! A session is shared by its control task, its phones' tasks and the data legs; its state lives
 //! under a short std mutex (never held across an await). Other tasks talk to the control socket
@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::ConnGuard;
+use super::{Cell, ConnGuard};
+use crate::contract::close::{self, reason};
 use crate::crypto::HostClaims;
 use crate::leg::ws::Ws;
 use crate::store::assignments::HostKey;
@@ -61,7 +62,7 @@ pub enum Attach {
     Reject(u16, &'static str),
 }
 
-/// A phone waiting for its data leg (§5.2 step 9).
+/// A phone waiting for its data leg (step 9).
 pub struct Pending {
     pub ticket: String,
     pub kind: &'static str,
@@ -90,6 +91,10 @@ pub struct Inner {
     pub last_pong: i64,
     pub renewal_due: i64,
     pub renewal_in_flight: bool,
+    /// The expiry of the control activity lease as this cell last wrote it (activation or
+    /// renewal). Past it the store no longer records this cell as serving the host, so the
+    /// session must be gone before it (`control::lease_fenced`).
+    pub activity_expires_at: i64,
 }
 
 pub struct Session {
@@ -158,7 +163,7 @@ impl Registry {
         false
     }
 
-    /// The FIFO activation lock of a host (§3.5); dropped from the map when unused.
+    /// The FIFO activation lock of a host; dropped from the map when unused.
     pub fn activation_lock(&mut self, key: &HostKey) -> Arc<tokio::sync::Mutex<()>> {
         self.activation
             .retain(|_, m| Arc::strong_count(m) > 1 || m.try_lock().is_err());
@@ -166,7 +171,7 @@ impl Registry {
     }
 }
 
-/// Signed-out memory (§5.3): 24 h, ≤ 50 000 entries, oldest evicted.
+/// Signed-out memory: 24 h, ≤ 50 000 entries, oldest evicted.
 #[derive(Default)]
 pub struct SignedOut {
     entries: HashMap<HostKey, i64>,
@@ -197,4 +202,40 @@ impl SignedOut {
             .get(key)
             .is_some_and(|at| now - *at < crate::contract::limits::SIGNED_OUT_MEMORY_MS)
     }
+}
+
+/// Closes a replaced session (step 6) or a drained one (step 4): splices, pending phones
+/// and the socket with `control_close`, activity released, session removed if still registered.
+pub fn retire(cell: &Cell, s: &Session, control_close: (u16, &'static str)) {
+    let (splice, pending) = if control_close.0 == close::DRAINING {
+        (
+            (close::DRAINING, reason::RELAY_DRAINING),
+            (close::DRAINING, reason::RELAY_CONNECTION_REJECTED),
+        )
+    } else {
+        (
+            (close::PEER_DROPPED, reason::PEER_CONNECTION_DROPPED),
+            (close::PEER_DROPPED, reason::RELAY_CONNECTION_REJECTED),
+        )
+    };
+    let mut st = s.lock();
+    st.state = State::Closed;
+    st.orphan_seq += 1;
+    st.close_all(splice, pending);
+    let control = st.control.take();
+    let activity = std::mem::take(&mut st.activity_id);
+    drop(st);
+    // The control lease is released before the host hears the close: a host that re-resolves at
+    // once must never find its old control still charged to this cell next to the new one.
+    let close = move || {
+        if let Some(c) = control {
+            c.send(ControlOut::Close(control_close.0, control_close.1));
+        }
+    };
+    if activity.is_empty() {
+        close();
+    } else {
+        cell.release_activity_then(&s.key, activity, close);
+    }
+    cell.registry().remove_if(s);
 }

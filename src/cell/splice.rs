@@ -1,4 +1,4 @@
-//! The splice hot path (protocol.md §8): one task drives both directions of a (phone, host data)
+//! The splice hot path (docs/reference/websocket.md): one task drives both directions of a (phone, host data)
 //! pair with a single hand-written poll loop.
 //!
 //! Why one task and a manual poll: a task per direction plus a channel between them costs two
@@ -37,7 +37,7 @@ use crate::leg::boundary::MessageBoundary;
 use crate::contract::close::{self, reason};
 use crate::contract::limits;
 
-/// Splice thresholds (protocol.md §8, §10); tests shrink them.
+/// Splice thresholds (docs/reference/websocket.md / docs/reference/limits.md); tests shrink them.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub low_water: usize,
@@ -103,7 +103,7 @@ pub enum Side {
     Host,
 }
 
-/// Why a splice ended (protocol.md §8 teardown).
+/// Why a splice ended (docs/reference/websocket.md teardown).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum End {
     /// That side closed, errored or vanished: both get 4408 `peer connection dropped`.
@@ -156,6 +156,8 @@ pub struct Stats {
     pub polls: u64,
     /// Times the splice parked while idle (see [`run`]).
     pub parks: u64,
+    /// Times a busy splice rebuilt its codecs with the live read size ([`LIVE_READ`]).
+    pub grows: u64,
 }
 
 /// A live splice folds its counts into the meter at least every [`FOLD_INTERVAL`] while frames
@@ -196,9 +198,18 @@ struct Count {
 /// Max frames moved per direction per poll before yielding to other tasks.
 const BATCH: usize = 64;
 
+/// Where [`Dir::forward`] put a frame.
+enum Forwarded {
+    /// Fed to the destination's writer.
+    Sent,
+    /// Queued in the overflow: the writer was above high water or not ready.
+    Queued,
+}
+
 impl Dir {
     /// Moves frames `src` → `dst`, counting them in `count`. `Ready(end)` ends the splice;
-    /// `Pending` means waiting on I/O.
+    /// `Pending` means waiting on I/O. Each round drains the overflow first, then reads the source
+    /// only while nothing is queued; at most `BATCH` frames per poll.
     #[allow(clippy::too_many_arguments)]
     fn pump<S>(
         &mut self,
@@ -221,31 +232,8 @@ impl Dir {
         let mut src_empty = false;
         loop {
             // Overflow first, while the writer is below low water.
-            while !self.overflow.is_empty() {
-                if self.backlog > limits.low_water {
-                    match Pin::new(&mut *dst).poll_flush(cx) {
-                        Poll::Ready(Ok(())) => {
-                            self.backlog = 0;
-                            self.unflushed = false;
-                        }
-                        Poll::Ready(Err(_)) => return Poll::Ready(End::Dropped(dst_side)),
-                        Poll::Pending => break,
-                    }
-                }
-                match Pin::new(&mut *dst).poll_ready(cx) {
-                    Poll::Ready(Ok(())) => {}
-                    Poll::Ready(Err(_)) => return Poll::Ready(End::Dropped(dst_side)),
-                    Poll::Pending => break,
-                }
-                let m = self.overflow.pop_front().expect("non-empty");
-                let n = payload_len(&m);
-                self.overflow_bytes -= n;
-                budget.refund(n);
-                self.backlog += n;
-                self.unflushed = true;
-                if Pin::new(&mut *dst).start_send(m).is_err() {
-                    return Poll::Ready(End::Dropped(dst_side));
-                }
+            if let Err(end) = self.drain_overflow(cx, dst, dst_side, limits.low_water, budget) {
+                return Poll::Ready(end);
             }
             if !self.overflow.is_empty() {
                 if self.overflow_since.is_none() {
@@ -273,26 +261,12 @@ impl Dir {
                     moved += 1;
                     count.frames += 1;
                     count.bytes += n as u64;
-                    if self.backlog <= limits.high_water {
-                        match Pin::new(&mut *dst).poll_ready(cx) {
-                            Poll::Ready(Ok(())) => {
-                                self.backlog += n;
-                                self.unflushed = true;
-                                if Pin::new(&mut *dst).start_send(m).is_err() {
-                                    return Poll::Ready(End::Dropped(dst_side));
-                                }
-                                continue;
-                            }
-                            Poll::Ready(Err(_)) => return Poll::Ready(End::Dropped(dst_side)),
-                            Poll::Pending => {}
-                        }
+                    match self.forward(m, n, cx, dst, dst_side, limits, budget) {
+                        Ok(Forwarded::Sent) => continue,
+                        // Try to make room right away (flush below), then loop to drain.
+                        Ok(Forwarded::Queued) => {}
+                        Err(end) => return Poll::Ready(end),
                     }
-                    if self.overflow_bytes + n > limits.direction_max || !budget.charge(n) {
-                        return Poll::Ready(End::QueueLimit);
-                    }
-                    self.overflow_bytes += n;
-                    self.overflow.push_back(m);
-                    // Try to make room right away (flush below), then loop to drain.
                 }
                 Poll::Ready(Some(Err(WsError::Capacity(_)))) => {
                     return Poll::Ready(End::Oversize(src_side))
@@ -306,28 +280,139 @@ impl Dir {
                 }
             }
             if self.backlog > limits.high_water || !self.overflow.is_empty() {
-                match Pin::new(&mut *dst).poll_flush(cx) {
-                    Poll::Ready(Ok(())) => {
-                        self.backlog = 0;
-                        self.unflushed = false;
-                    }
-                    Poll::Ready(Err(_)) => return Poll::Ready(End::Dropped(dst_side)),
-                    Poll::Pending => {}
+                if let Poll::Ready(Err(end)) = self.flush_dst(cx, dst, dst_side) {
+                    return Poll::Ready(end);
                 }
             }
         }
-        // The source is momentarily empty (or blocked): flush what was fed.
-        if self.unflushed {
-            match Pin::new(&mut *dst).poll_flush(cx) {
+        self.settle(cx, src, dst, (src_side, dst_side), src_empty)
+    }
+
+    /// Flushes `dst`; a completed flush empties the writer's backlog.
+    #[inline]
+    fn flush_dst<S>(
+        &mut self,
+        cx: &mut Context<'_>,
+        dst: &mut WebSocketStream<S>,
+        dst_side: Side,
+    ) -> Poll<Result<(), End>>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        match Pin::new(&mut *dst).poll_flush(cx) {
+            Poll::Ready(Ok(())) => {
+                self.backlog = 0;
+                self.unflushed = false;
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(_)) => Poll::Ready(Err(End::Dropped(dst_side))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    /// Feeds queued overflow frames to `dst` while it accepts them, flushing first whenever the
+    /// backlog is above `low_water`; stops (with frames left) when `dst` is not ready.
+    #[inline]
+    fn drain_overflow<S>(
+        &mut self,
+        cx: &mut Context<'_>,
+        dst: &mut WebSocketStream<S>,
+        dst_side: Side,
+        low_water: usize,
+        budget: &Budget,
+    ) -> Result<(), End>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        while !self.overflow.is_empty() {
+            if self.backlog > low_water {
+                match self.flush_dst(cx, dst, dst_side) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(end)) => return Err(end),
+                    Poll::Pending => break,
+                }
+            }
+            match Pin::new(&mut *dst).poll_ready(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(_)) => return Err(End::Dropped(dst_side)),
+                Poll::Pending => break,
+            }
+            let m = self.overflow.pop_front().expect("non-empty");
+            let n = payload_len(&m);
+            self.overflow_bytes -= n;
+            budget.refund(n);
+            self.backlog += n;
+            self.unflushed = true;
+            if Pin::new(&mut *dst).start_send(m).is_err() {
+                return Err(End::Dropped(dst_side));
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends one data frame of `n` payload bytes to `dst` when the backlog is at most high water
+    /// and `dst` is ready; otherwise queues it in the overflow, within the direction's maximum and
+    /// the process budget (over either: `QueueLimit`).
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn forward<S>(
+        &mut self,
+        m: Message,
+        n: usize,
+        cx: &mut Context<'_>,
+        dst: &mut WebSocketStream<S>,
+        dst_side: Side,
+        limits: &Limits,
+        budget: &Budget,
+    ) -> Result<Forwarded, End>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        if self.backlog <= limits.high_water {
+            match Pin::new(&mut *dst).poll_ready(cx) {
                 Poll::Ready(Ok(())) => {
-                    self.backlog = 0;
-                    self.unflushed = false;
+                    self.backlog += n;
+                    self.unflushed = true;
+                    if Pin::new(&mut *dst).start_send(m).is_err() {
+                        return Err(End::Dropped(dst_side));
+                    }
+                    return Ok(Forwarded::Sent);
+                }
+                Poll::Ready(Err(_)) => return Err(End::Dropped(dst_side)),
+                Poll::Pending => {}
+            }
+        }
+        if self.overflow_bytes + n > limits.direction_max || !budget.charge(n) {
+            return Err(End::QueueLimit);
+        }
+        self.overflow_bytes += n;
+        self.overflow.push_back(m);
+        Ok(Forwarded::Queued)
+    }
+
+    /// The end of a pump whose source is momentarily empty (or blocked): flush what was fed,
+    /// flush the source's own pong, and note whether the direction is quiet.
+    #[inline]
+    fn settle<S>(
+        &mut self,
+        cx: &mut Context<'_>,
+        src: &mut WebSocketStream<S>,
+        dst: &mut WebSocketStream<S>,
+        (src_side, dst_side): (Side, Side),
+        src_empty: bool,
+    ) -> Poll<End>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        if self.unflushed {
+            match self.flush_dst(cx, dst, dst_side) {
+                Poll::Ready(Ok(())) => {
                     if !self.overflow.is_empty() {
                         // Room again: go around once more.
                         cx.waker().wake_by_ref();
                     }
                 }
-                Poll::Ready(Err(_)) => return Poll::Ready(End::Dropped(dst_side)),
+                Poll::Ready(Err(end)) => return Poll::Ready(end),
                 Poll::Pending => {}
             }
         }
@@ -413,6 +498,22 @@ enum Step {
     End(End),
     /// Both sockets quiet for a sweep round: give the codec state back until a byte arrives.
     Park,
+    /// A busy splice at a quiet moment: rebuild both codecs with [`LIVE_READ`] read buffers.
+    Grow,
+}
+
+/// Bytes a busy splice's codecs read per `read` call. A leg starts with the small
+/// [`crate::leg::ws::READ_BUFFER`] (cheap while idle, and every parked splice gives its codecs
+/// back); a splice that has moved [`GROW_AFTER`] bytes in its live phase rebuilds both codecs at
+/// the next quiet moment with this read size, so a 16 KiB frame costs one or two `read` calls
+/// instead of eight. The larger buffers live only as long as the live phase.
+pub const LIVE_READ: usize = 16 * 1024;
+/// Bytes moved in one live phase before its codecs grow to [`LIVE_READ`].
+pub const GROW_AFTER: u64 = 64 * 1024;
+
+/// `cfg` with the live read size.
+fn live_config(cfg: &WebSocketConfig) -> WebSocketConfig {
+    cfg.read_buffer_size(LIVE_READ)
 }
 
 /// What woke a parked splice.
@@ -453,6 +554,10 @@ struct Splice {
     kill_live: bool,
     polls: u64,
     parks: u64,
+    grows: u64,
+    /// Bytes moved when this live phase began, and whether its codecs have grown ([`Step::Grow`]).
+    phase_bytes: u64,
+    grown: bool,
 }
 
 impl Splice {
@@ -464,6 +569,7 @@ impl Splice {
             bytes_to_phone: self.down.bytes,
             polls: 0,
             parks: 0,
+            grows: 0,
         }
     }
 
@@ -481,6 +587,7 @@ impl Splice {
                 bytes_to_phone: self.down.bytes - down.bytes,
                 polls: 0,
                 parks: 0,
+                grows: 0,
             });
         }
         self.folded = (self.up, self.down);
@@ -540,6 +647,48 @@ impl Splice {
             }
         }
         let frames = self.frames();
+        self.fold_now_and_then(live, cx, meter, frames);
+        if let Some(step) = wedge_deadline(live, cx, limits) {
+            return step;
+        }
+        // Quiet: both sources empty, everything flushed, and neither codec holds a partial
+        // message (every byte read so far ended a message).
+        let quiet = live.up.quiet
+            && live.down.quiet
+            && phone.get_ref().at_message_boundary()
+            && host.get_ref().at_message_boundary();
+        if !quiet {
+            return Poll::Pending;
+        }
+        if !self.grown && self.up.bytes + self.down.bytes - self.phase_bytes >= GROW_AFTER {
+            return Poll::Ready(Step::Grow);
+        }
+        let round = sweep.round();
+        match live.quiet {
+            Some((r, f)) if f == frames && round >= r + 2 => {
+                self.fold(meter, Instant::now());
+                return Poll::Ready(Step::Park);
+            }
+            Some((_, f)) if f == frames => {}
+            _ => live.quiet = Some((round, frames)),
+        }
+        if live.registered != Some(round) {
+            live.registered = Some(sweep.register(cx.waker()));
+        }
+        Poll::Pending
+    }
+
+    /// Folds the counts into the meter now and then (never per frame): at `FOLD_FRAMES` unfolded
+    /// frames or `FOLD_INTERVAL` after the last fold; a burst then silence folds the rest when the
+    /// interval is up (one lazily made timer).
+    #[inline]
+    fn fold_now_and_then(
+        &mut self,
+        live: &mut Live,
+        cx: &mut Context<'_>,
+        meter: &(dyn Fn(Stats) + Sync),
+        frames: u64,
+    ) {
         // Fold the counts into the meter now and then (never per frame).
         let unfolded = frames - (self.folded.0.frames + self.folded.1.frames);
         if unfolded > 0 {
@@ -558,51 +707,6 @@ impl Splice {
                 }
             }
         }
-        // The wedge deadline, only while something overflows. No periodic re-check: every path
-        // that leaves overflow queued ends on a `Pending` from the target writer, which registered
-        // this task's waker, so room in the writer wakes the splice by itself.
-        let since = match (live.up.overflow_since, live.down.overflow_since) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        if let Some(since) = since {
-            let deadline = since + limits.wedge;
-            if Instant::now() >= deadline {
-                return Poll::Ready(Step::End(End::Wedged));
-            }
-            let t = live
-                .timer
-                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-            if t.deadline() != deadline {
-                t.as_mut().reset(deadline);
-            }
-            if t.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Step::End(End::Wedged));
-            }
-            return Poll::Pending;
-        }
-        // Quiet: both sources empty, everything flushed, and neither codec holds a partial
-        // message (every byte read so far ended a message).
-        let quiet = live.up.quiet
-            && live.down.quiet
-            && phone.get_ref().at_message_boundary()
-            && host.get_ref().at_message_boundary();
-        if !quiet {
-            return Poll::Pending;
-        }
-        let round = sweep.round();
-        match live.quiet {
-            Some((r, f)) if f == frames && round >= r + 2 => {
-                self.fold(meter, Instant::now());
-                return Poll::Ready(Step::Park);
-            }
-            Some((_, f)) if f == frames => {}
-            _ => live.quiet = Some((round, frames)),
-        }
-        if live.registered != Some(round) {
-            live.registered = Some(sweep.register(cx.waker()));
-        }
-        Poll::Pending
     }
 
     /// While parked: the kill switch and one read on each raw socket.
@@ -657,6 +761,24 @@ where
     Box::new(WebSocketStream::from_partially_read(io, part, Role::Server, Some(cfg)).await)
 }
 
+/// Rebuilds both codecs with the live read size ([`Step::Grow`]). Only called where parking
+/// would be allowed (quiet, nothing queued or owed, both at a message boundary), so nothing is lost.
+async fn grow<S>(
+    phone: Box<WebSocketStream<S>>,
+    host: Box<WebSocketStream<S>>,
+    cfgs: (&WebSocketConfig, &WebSocketConfig),
+) -> (Box<WebSocketStream<S>>, Box<WebSocketStream<S>>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + MessageBoundary,
+{
+    let (p, h) = (take_apart(phone), take_apart(host));
+    let (pc, hc) = (live_config(cfgs.0), live_config(cfgs.1));
+    (
+        unpark(p, pc, Vec::new()).await,
+        unpark(h, hc, Vec::new()).await,
+    )
+}
+
 /// Runs the splice until it ends and hands both sockets back; closing them is the caller's (see
 /// [`close_pair`]).
 ///
@@ -691,6 +813,9 @@ where
         kill_live: true,
         polls: 0,
         parks: 0,
+        grows: 0,
+        phase_bytes: 0,
+        grown: false,
     };
     let end = loop {
         let mut live = Box::<Live>::default();
@@ -703,9 +828,18 @@ where
         live.up.release(budget);
         live.down.release(budget);
         drop(live);
-        if let Step::End(end) = step {
-            break end;
+        match step {
+            Step::End(end) => break end,
+            Step::Grow => {
+                sp.grown = true;
+                sp.grows += 1;
+                (phone, host) = Box::pin(grow(phone, host, cfgs)).await;
+                continue;
+            }
+            Step::Park => {}
         }
+        sp.grown = false;
+        sp.phase_bytes = sp.up.bytes + sp.down.bytes;
         sp.parks += 1;
         let (mut p, mut h) = (take_apart(phone), take_apart(host));
         let woke = poll_fn(|cx| sp.poll_parked(cx, &mut p, &mut h, kill)).await;
@@ -726,6 +860,7 @@ where
     let mut total = sp.stats();
     total.polls = sp.polls;
     total.parks = sp.parks;
+    total.grows = sp.grows;
     (end, total, phone, host)
 }
 
@@ -741,6 +876,36 @@ where
         crate::leg::ws::close(phone, pc, pr),
         crate::leg::ws::close(host, hc, hr)
     );
+}
+
+/// The wedge deadline, checked only while something overflows: `Some(Ready(Wedged))` once it has
+/// passed, `Some(Pending)` while it runs (its timer registered), `None` with nothing in overflow.
+#[inline]
+fn wedge_deadline(live: &mut Live, cx: &mut Context<'_>, limits: &Limits) -> Option<Poll<Step>> {
+    // The wedge deadline, only while something overflows. No periodic re-check: every path
+    // that leaves overflow queued ends on a `Pending` from the target writer, which registered
+    // this task's waker, so room in the writer wakes the splice by itself.
+    let since = match (live.up.overflow_since, live.down.overflow_since) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    if let Some(since) = since {
+        let deadline = since + limits.wedge;
+        if Instant::now() >= deadline {
+            return Some(Poll::Ready(Step::End(End::Wedged)));
+        }
+        let t = live
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if t.deadline() != deadline {
+            t.as_mut().reset(deadline);
+        }
+        if t.as_mut().poll(cx).is_ready() {
+            return Some(Poll::Ready(Step::End(End::Wedged)));
+        }
+        return Some(Poll::Pending);
+    }
+    None
 }
 
 #[cfg(test)]
@@ -1192,9 +1357,50 @@ mod tests {
         assert_eq!(stats.parks, 0);
     }
 
+    /// A busy splice grows its codecs' read buffers once, at a quiet moment, and loses nothing:
+    /// frames of every size before and after the rebuild arrive whole and in order, and a small
+    /// exchange alone never grows.
+    #[tokio::test]
+    async fn busy_splice_grows_its_read_buffers_once() {
+        let mut r = rig(64 * 1024, Limits::default(), Default::default()).await;
+        r.phone.send(Message::text("small")).await.unwrap();
+        assert_eq!(
+            r.host.next().await.unwrap().unwrap(),
+            Message::text("small")
+        );
+        let sizes = [16 * 1024, 64, 40 * 1024, 16 * 1024 + 1, 3, 200 * 1024, 70];
+        for round in 0..3u8 {
+            for (i, n) in sizes.iter().enumerate() {
+                let m = Message::binary(vec![round ^ i as u8; *n]);
+                r.phone.send(m.clone()).await.unwrap();
+                assert_eq!(r.host.next().await.unwrap().unwrap(), m);
+                let t = Message::text("é".repeat(*n / 2));
+                r.host.send(t.clone()).await.unwrap();
+                assert_eq!(r.phone.next().await.unwrap().unwrap(), t);
+            }
+        }
+        r.phone.close(None).await.unwrap();
+        let (end, stats) = r.task.await.unwrap();
+        assert_eq!(end, End::Dropped(Side::Phone));
+        assert_eq!(stats.grows, 1, "{stats:?}");
+        assert_eq!(stats.frames_to_host, 1 + 3 * sizes.len() as u64);
+
+        let mut r = rig(64 * 1024, Limits::default(), Default::default()).await;
+        for _ in 0..10 {
+            r.phone
+                .send(Message::binary(vec![7u8; 1024]))
+                .await
+                .unwrap();
+            r.host.next().await.unwrap().unwrap();
+        }
+        r.phone.close(None).await.unwrap();
+        let (_, stats) = r.task.await.unwrap();
+        assert_eq!(stats.grows, 0, "{stats:?}");
+    }
+
     /// An idle splice's resident state is its task's future, and `run` is most of it: its
     /// parked phase holds the two raw streams and the small [`Splice`]; the live phase's state is
-    /// boxed and the codecs are boxed by the caller. Sizes printed for the breakdown in the README.
+    /// boxed and the codecs are boxed by the caller. Sizes printed for the breakdown in docs/benchmarks.md.
     #[tokio::test]
     async fn run_future_stays_small() {
         let (sp, _phone) = pair(1024, 1024).await;

@@ -1,7 +1,7 @@
 //! A real host desktop and phone speaking the cell protocol over real sockets: used by the
 //! integration tests, `examples/host.rs`, `examples/phone.rs` and `examples/loadgen.rs`.
 //!
-//! The host has its own X25519 key, mints a self-hosted token with K (protocol.md §2.1), asks
+//! The host has its own X25519 key, mints a self-hosted token with K (docs/reference/http.md), asks
 //! `/v1/assign`, proves the challenge and drives its control socket; the phone dials with a
 //! credential and reads `relay-hello`.
 
@@ -103,7 +103,11 @@ pub async fn dial(url: &str, headers: &[(&str, String)]) -> Result<ClientWs, Str
     .await
     .map_err(|e| match e {
         tokio_tungstenite::tungstenite::Error::Http(r) => {
-            format!("http {}", r.status().as_u16())
+            // A refusal's Retry-After is kept for the clients that honour it (storm_bench).
+            match r.headers().get("retry-after").and_then(|v| v.to_str().ok()) {
+                Some(ra) => format!("http {} retry-after={ra}", r.status().as_u16()),
+                None => format!("http {}", r.status().as_u16()),
+            }
         }
         other => other.to_string(),
     })?;
@@ -409,6 +413,32 @@ pub struct Pair {
     pub data: ClientWs,
     pub hello: Value,
     pub conn_id: String,
+}
+
+impl Pair {
+    /// One text frame each way through the splice, within `within`.
+    pub async fn echo(&mut self, tag: &str, within: Duration) -> Result<(), String> {
+        let run = async {
+            let m = Message::text(format!("to-host {tag}"));
+            self.phone
+                .send(m.clone())
+                .await
+                .map_err(|e| e.to_string())?;
+            match self.data.next().await {
+                Some(Ok(got)) if got == m => {}
+                other => return Err(format!("data leg got {other:?}")),
+            }
+            let m = Message::text(format!("to-phone {tag}"));
+            self.data.send(m.clone()).await.map_err(|e| e.to_string())?;
+            match self.phone.next().await {
+                Some(Ok(got)) if got == m => Ok(()),
+                other => Err(format!("phone got {other:?}")),
+            }
+        };
+        tokio::time::timeout(within, run)
+            .await
+            .unwrap_or_else(|_| Err("timeout".into()))
+    }
 }
 
 /// Invite → phone → `conn-open` → data leg → `relay-hello`. `headers` go on both legs (e.g. a

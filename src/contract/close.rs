@@ -1,4 +1,4 @@
-//! WebSocket close codes (protocol.md §9).
+//! WebSocket close codes (docs/reference/close-codes.md).
 
 /// Bad phone/data/host credential or malformed handshake.
 pub const BAD_OUTER_CREDENTIAL: u16 = 4401;
@@ -14,6 +14,10 @@ pub const LIMIT_EXCEEDED: u16 = 4429;
 pub const DRAINING: u16 = 4503;
 /// Message over the leg maximum (set by the WebSocket layer).
 pub const MESSAGE_TOO_BIG: u16 = 1009;
+/// A framing violation of RFC 6455 before the leg is admitted (bad opcode, unmasked frame, …).
+pub const PROTOCOL_ERROR: u16 = 1002;
+/// A text frame that is not valid UTF-8, before the leg is admitted.
+pub const INVALID_PAYLOAD: u16 = 1007;
 
 /// Close reasons, exact text.
 pub mod reason {

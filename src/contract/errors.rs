@@ -1,4 +1,4 @@
-//! HTTP error codes (`{"error":"<code>"}`) shared by several routes (README §6).
+//! HTTP error codes (`{"error":"<code>"}`) shared by several routes (docs/reference/http.md).
 
 pub const INVALID_REQUEST: &str = "invalid_request";
 pub const INVALID_TOKEN: &str = "invalid_token";
@@ -8,5 +8,6 @@ pub const DIRECTOR_ONLY: &str = "director_only";
 pub const CELL_ONLY: &str = "cell_only";
 pub const PUSH_ONLY: &str = "push_only";
 pub const SHUTTING_DOWN: &str = "shutting_down";
+pub const SERVER_BUSY: &str = "server_busy";
 pub const DEPENDENCY_UNAVAILABLE: &str = "dependency_unavailable";
 pub const DATABASE_TEMPORARILY_UNAVAILABLE: &str = "database_temporarily_unavailable";

@@ -1,4 +1,4 @@
-//! Where a cell's heartbeats (protocol.md §12) go: the one interface between the cell and the
+//! Where a cell's heartbeats (docs/reference/http.md) go: the one interface between the cell and the
 //! director roles. The director implements it in-process; the cell's HTTP client
 //! (`cell::heartbeat_client`) implements it with a cluster token. `server.rs` picks one.
 
@@ -15,7 +15,7 @@ pub type BeatFuture<'a> = Pin<Box<dyn Future<Output = Result<(), String>> + Send
 pub trait HeartbeatSink: Send + Sync {
     fn beat<'a>(&'a self, body: &'a CellHeartbeat) -> BeatFuture<'a>;
 
-    /// The `cell-rehome-status` sent after each successful beat (director.md §3.7); a sink
+    /// The `cell-rehome-status` sent after each successful beat (docs/reference/http.md); a sink
     /// without it accepts and drops the status.
     fn rehome_status<'a>(&'a self, _body: &'a CellRehomeStatus) -> BeatFuture<'a> {
         Box::pin(async { Ok(()) })

@@ -1,14 +1,31 @@
-//! Budgets and limits (protocol.md §10, push.md §13, operations.md). Milliseconds unless named.
+//! Budgets and limits (docs/reference/limits.md, docs/configuration.md). Milliseconds unless named.
 
 pub const RELAY_BODY_MAX: usize = 4096;
 /// A request body must arrive completely within this long after the handler starts reading it;
 /// a slower one is treated as broken off (`400 invalid_request`, connection closed).
 pub const BODY_READ_MS: u64 = 10_000;
 /// Plain HTTP connections (WebSocket handshakes up to the 101 included) served at once; above
-/// it a new TCP connection is closed at once. Upgraded legs are not counted here but by the
+/// it a new TCP connection is answered `503 server_busy` (see [`BUSY_ANSWERS_MAX`]). Upgraded legs are not counted here but by the
 /// cell's connection limits (`ORCA_RELAY_CELL_MAX_CONNECTIONS` or the hard cap), so the open-file
 /// limit should exceed that ceiling plus this bound plus the database pool.
 pub const HTTP_CONNECTIONS_MAX: usize = 1024;
+/// Connections over [`HTTP_CONNECTIONS_MAX`] being answered `503 server_busy` at once; past it a
+/// new one is closed without an answer. Both counted (`orca_relay_http_connections_refused_total`).
+pub const BUSY_ANSWERS_MAX: usize = 64;
+/// Time allowed for one such answer, TLS handshake included.
+pub const BUSY_ANSWER_MS: u64 = 2_000;
+/// TLS handshakes run at once on one listener (the accept limiter); a connection past it waits
+/// for a slot, holding no TLS state, at most [`TLS_HANDSHAKE_WAIT_MS`], then it is closed and
+/// counted (`orca_relay_tls_handshake_failures_total{reason="busy"}`). Waiting connections count
+/// against [`HTTP_CONNECTIONS_MAX`], so the wait is bounded in number as well as in time.
+pub const TLS_HANDSHAKES_MAX: usize = 64;
+/// Longest wait for a handshake slot (within the 10 s handshake deadline).
+pub const TLS_HANDSHAKE_WAIT_MS: u64 = 5_000;
+/// Open connections on the separate metrics listener (`ORCA_RELAY_METRICS_LISTEN`); over it a new
+/// connection is closed at once and counted (`orca_relay_metrics_listener_refused_total`).
+pub const METRICS_CONNECTIONS_MAX: usize = 64;
+/// Seconds a connection (main or metrics listener) may take to send a request's headers.
+pub const HEADER_READ_TIMEOUT_S: u64 = 10;
 pub const PUSH_BODY_MAX: usize = 16384;
 pub const HOST_TOKEN_MAX_CHARS: usize = 8192;
 pub const SELF_HOSTED_TOKEN_TTL_S: i64 = 900;
@@ -40,11 +57,11 @@ pub const CONTROL_LEASE_JITTER_MS: i64 = 30 * 60_000;
 pub const CONTROL_RENEWAL_INTERVAL_MS: i64 = 30_000;
 pub const CONTROL_RENEWAL_REQUEST_MS: i64 = 105_000;
 pub const DEFAULT_ACTIVITY_LEASE_MS: i64 = 90_000;
-/// How far ahead a control activity's expiry may be set (director.md §5.5).
+/// How far ahead a control activity's expiry may be set (ARCHITECTURE.md).
 pub const CONTROL_ACTIVITY_EXPIRY_MAX_MS: i64 = 120_000;
-/// How far ahead any other activity's expiry may be set (director.md §5.5).
+/// How far ahead any other activity's expiry may be set (ARCHITECTURE.md).
 pub const ACTIVITY_EXPIRY_MAX_MS: i64 = 600_000;
-/// Bounds of a cell's `connectionHardCap` (director.md §3.6, §3.8).
+/// Bounds of a cell's `connectionHardCap` (docs/reference/http.md).
 pub const CONNECTION_HARD_CAP_MIN: i64 = 200;
 pub const CONNECTION_HARD_CAP_MAX: i64 = 1_000_000;
 pub const RENEWAL_BATCH_FLUSH_MS: u64 = 1_000;

@@ -1,4 +1,4 @@
-//! The admin overview (operations.md §3) is assembled by the director; its `push` section belongs
+//! The admin overview (docs/reference/http.md) is assembled by the director; its `push` section belongs
 //! to the push role. This trait is the seam between them: push implements it, `server.rs` hands the
 //! push role to the director when both run in one process, and the director never names `push`.
 

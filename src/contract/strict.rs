@@ -1,8 +1,8 @@
 //! The one strict JSON decoder for everything a client sends: every HTTP request body and every
 //! WebSocket frame goes through [`from_slice`] / [`parse_value`] + [`from_value`].
 //!
-//! Derived `Deserialize` impls alone are lenient in ways the contract forbids (protocol.md §0,
-//! README §6): serde accepts a JSON *array* where a struct belongs (fields by position), treats
+//! Derived `Deserialize` impls alone are lenient in ways the contract forbids (docs/reference/websocket.md,
+//! docs/reference/http.md): serde accepts a JSON *array* where a struct belongs (fields by position), treats
 //! `null` like an absent `Option` field, and `serde_json` keeps the last of duplicate keys. This
 //! module decodes through a wrapper [`Deserializer`] over [`Value`] that, for every struct at any
 //! depth:
@@ -12,7 +12,7 @@
 //!   `deny_unknown_fields` on the type);
 //! - rejects `null` for an `Option` field (optional fields are omitted, never `null`);
 //!
-//! and the text parser rejects duplicate keys (I-JSON, RFC 7493 §2.3): a text with a duplicate
+//! and the text parser rejects duplicate keys (I-JSON, RFC 7493): a text with a duplicate
 //! key is treated as not JSON. Wrong types, fractions and exponents for integers are rejected as
 //! `serde_json` does. The one field the spec makes *required but nullable* (push `agentState`)
 //! opts in explicitly with [`nullable`].
@@ -80,7 +80,7 @@ pub fn from_map<T: DeserializeOwned>(m: Map<String, Value>) -> Result<T, Error> 
     from_value(Value::Object(m))
 }
 
-/// `deserialize_with` for a *required* key whose value may be `null` (push.md §6 `agentState`):
+/// `deserialize_with` for a *required* key whose value may be `null` (docs/reference/http.md `agentState`):
 /// `null` → `None`, a string → `Some`. Pair it with no `#[serde(default)]` so absence is an error.
 pub fn nullable<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
     struct V;

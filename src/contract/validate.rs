@@ -1,4 +1,4 @@
-//! Scalar rules of protocol.md §0 and README §3, as plain predicates.
+//! Scalar rules of docs/reference/websocket.md and docs/configuration.md, as plain predicates.
 
 /// `OpaqueId`: 1..128 chars.
 pub fn is_opaque_id(s: &str) -> bool {

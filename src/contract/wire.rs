@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// `POST /v1/admin/cell-heartbeat` body (director.md §3.6, protocol.md §12). The seven telemetry
+/// `POST /v1/admin/cell-heartbeat` body (docs/reference/http.md). The seven telemetry
 /// fields are all present (capped cell) or all absent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -31,7 +31,7 @@ pub struct CellHeartbeat {
     pub connection_inclusion_watermark: Option<i64>,
 }
 
-/// The safety object of `cell-rehome-status` and idle rehome (director.md §3.7).
+/// The safety object of `cell-rehome-status` and idle rehome (docs/reference/http.md).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Safety {
@@ -50,7 +50,7 @@ pub struct Safety {
     pub database_pool_oldest_wait_ms: Option<i64>,
 }
 
-/// `POST /v1/admin/cell-rehome-status` body (director.md §3.7).
+/// `POST /v1/admin/cell-rehome-status` body (docs/reference/http.md).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CellRehomeStatus {

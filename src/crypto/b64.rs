@@ -1,6 +1,6 @@
 //! Canonical base64 helpers.
 //!
-//! Every key, nonce and secret on the wire has exactly one accepted spelling (README §4, protocol.md §0):
+//! Every key, nonce and secret on the wire has exactly one accepted spelling (docs/reference/http.md, docs/reference/websocket.md):
 //! decoders check the alphabet and length first, then re-encode and compare, so non-zero padding bits and
 //! alternative spellings never reach the rest of the system.
 

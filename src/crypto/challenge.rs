@@ -1,4 +1,4 @@
-//! Pieces shared by the relay host proof (protocol.md §3.3) and the push host proof (push.md §3):
+//! Pieces shared by the relay host proof (docs/reference/websocket.md) and the push host proof (docs/reference/http.md):
 //! length-prefixed transcripts, the challenge plaintext and MAC input framing, and the fresh random
 //! inputs of a challenge.
 

@@ -1,4 +1,4 @@
-//! Constant-time comparison for secrets (README §4: "Secrets are compared in constant time").
+//! Constant-time comparison for secrets (docs/reference/http.md: "Secrets are compared in constant time").
 
 use subtle::ConstantTimeEq;
 

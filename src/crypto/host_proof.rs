@@ -1,4 +1,4 @@
-//! Relay host proof (protocol.md §3.3–§3.4): the host proves it holds the X25519 secret behind
+//! Relay host proof (docs/reference/websocket.md): the host proves it holds the X25519 secret behind
 //! `relayHostId` by opening a box sealed to its public key and MACing the transcript with the secret
 //! inside. The transcript binds the proof to this relay origin, the token identity, epoch and generation,
 //! so a proof cannot be replayed to another cell, user or activation.
@@ -165,7 +165,7 @@ impl IssuedChallenge {
         &self.expected_proof
     }
 
-    /// `host-challenge-ack` check (§3.4): same `challengeId`, not after `expiresAt`, canonical `Key32`
+    /// `host-challenge-ack` check: same `challengeId`, not after `expiresAt`, canonical `Key32`
     /// proof equal in constant time.
     pub fn verify_ack(&self, challenge_id: &str, proof_b64: &str, now_ms: i64) -> bool {
         challenge_id == self.frame.challenge_id
@@ -223,7 +223,7 @@ pub fn issue_host_challenge_with(
     }
 }
 
-/// Host side of §3.3: opens the challenge with the host secret, checks all 16 fields against `expected`
+/// Host side: opens the challenge with the host secret, checks all 16 fields against `expected`
 /// and the frame, and freshness (30 s host skew); returns the proof for `host-challenge-ack`.
 pub fn answer_host_challenge(
     host_secret: &[u8; 32],

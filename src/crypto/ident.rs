@@ -1,7 +1,7 @@
 //! Identifiers derived by hashing: `relayHostId`, the host log digest, credential hashes.
 //!
 //! These are the only forms in which keys, hosts and phone credentials are stored or logged
-//! (README §4 and §6, protocol.md §7).
+//! (docs/reference/http.md, docs/reference/websocket.md).
 
 use rand::rngs::OsRng;
 use rand::RngCore;
@@ -16,13 +16,7 @@ pub fn sha256(data: &[u8]) -> [u8; 32] {
 
 /// Lowercase hex of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(DIGITS[usize::from(b >> 4)] as char);
-        out.push(DIGITS[usize::from(b & 0x0f)] as char);
-    }
-    out
+    data_encoding::HEXLOWER.encode(bytes)
 }
 
 /// Lowercase hex SHA-256 of `data`.

@@ -1,20 +1,20 @@
-//! JSON Web Tokens: host tokens (protocol.md §2), cluster tokens (README §4) and assignment leases
-//! (director.md §3.2).
+//! JSON Web Tokens: host tokens (docs/reference/http.md), cluster tokens (docs/reference/http.md) and assignment leases
+//! (docs/reference/http.md).
 //!
-//! Verification is done by hand on the decoded JSON so that every rule of protocol.md §2.2 holds exactly
-//! (algorithm allow-list per key source, `aud` string-or-array, no leeway, claim lengths); only the
-//! ES256 signature check is delegated to `jsonwebtoken`. Minting writes the header text verbatim so the
-//! bytes match the spec.
+//! Signatures (HS256 and ES256) are computed and checked by `jsonwebtoken`. Kept by hand, because
+//! the library's decoder is laxer than the protocol: the compact form (exactly three parts, each
+//! canonical unpadded base64url), JSON parts without duplicate keys, the header's field types and
+//! `crit`, the algorithm allow-list per key source, `aud` string-or-array, `exp`/`nbf` without
+//! leeway and the claim lengths. Minting writes the header text verbatim, because the library's
+//! `Header` serialises `typ` before `alg` and the spec fixes the bytes.
 
 use std::fmt;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use hmac::{Hmac, Mac};
-use jsonwebtoken::{Algorithm, DecodingKey};
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use sha2::Sha256;
 
 use super::b64::{url_decode_canonical, url_encode};
 use super::challenge::hmac_sha256;
@@ -121,7 +121,6 @@ struct Jwt<'a> {
     claims: Map<String, Value>,
     signing_input: &'a str,
     signature_b64: &'a str,
-    signature: Vec<u8>,
 }
 
 impl Jwt<'_> {
@@ -141,10 +140,14 @@ impl Jwt<'_> {
         if self.alg() != Some("HS256") {
             return Err(TokenError::Algorithm);
         }
-        let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC accepts any key length");
-        mac.update(self.signing_input.as_bytes());
-        mac.verify_slice(&self.signature)
-            .map_err(|_| TokenError::Signature)
+        let valid = jsonwebtoken::crypto::verify(
+            self.signature_b64,
+            self.signing_input.as_bytes(),
+            &DecodingKey::from_secret(key),
+            Algorithm::HS256,
+        )
+        .unwrap_or(false);
+        valid.then_some(()).ok_or(TokenError::Signature)
     }
 }
 
@@ -164,11 +167,11 @@ fn parse(token: &str) -> Result<Jwt<'_>, TokenError> {
     let (signing_input, signature_b64) = token.rsplit_once('.').ok_or(TokenError::Malformed)?;
     let (header_b64, claims_b64) = signing_input.split_once('.').ok_or(TokenError::Malformed)?;
     let header = json_part(header_b64)?;
-    // We implement no JWS extensions, so any critical one must be refused (RFC 7515 §4.1.11).
+    // We implement no JWS extensions, so any critical one must be refused (RFC 7515).
     if header.contains_key("crit") {
         return Err(TokenError::Malformed);
     }
-    // `alg`, `typ` and `kid` are strings when present (RFC 7515 §4.1); a missing `alg` is an
+    // `alg`, `typ` and `kid` are strings when present (RFC 7515); a missing `alg` is an
     // algorithm refusal, checked by the verifier.
     if ["alg", "typ", "kid"]
         .iter()
@@ -176,12 +179,14 @@ fn parse(token: &str) -> Result<Jwt<'_>, TokenError> {
     {
         return Err(TokenError::Malformed);
     }
+    let claims = json_part(claims_b64)?;
+    // Canonical base64url here too, so one signature has one spelling.
+    url_decode_canonical(signature_b64).ok_or(TokenError::Malformed)?;
     Ok(Jwt {
         header,
-        claims: json_part(claims_b64)?,
+        claims,
         signing_input,
         signature_b64,
-        signature: url_decode_canonical(signature_b64).ok_or(TokenError::Malformed)?,
     })
 }
 
@@ -192,9 +197,14 @@ fn sign_hs256(key: &[u8], header_json: &str, claims: &impl Serialize) -> String 
         url_encode(header_json.as_bytes()),
         url_encode(&claims)
     );
-    let signature = hmac_sha256(key, token.as_bytes());
+    let signature = jsonwebtoken::crypto::sign(
+        token.as_bytes(),
+        &EncodingKey::from_secret(key),
+        Algorithm::HS256,
+    )
+    .expect("HMAC accepts any key length");
     token.push('.');
-    token.push_str(&url_encode(&signature));
+    token.push_str(&signature);
     token
 }
 
@@ -278,7 +288,7 @@ struct MintedHostClaims<'a> {
     exp: i64,
 }
 
-/// Self-hosted host token (protocol.md §2.1): HS256 with K, `exp` = ⌊now/1000⌋ + 900, no `org`.
+/// Self-hosted host token (docs/reference/http.md): HS256 with K, `exp` = ⌊now/1000⌋ + 900, no `org`.
 /// Returns the JWT and `expiresAt` = `exp`·1000.
 pub fn mint_host_token(
     k: &[u8; 32],
@@ -309,7 +319,7 @@ pub struct JwksSource {
     pub url: String,
 }
 
-/// Verifies host tokens by protocol.md §2.2. Share it behind an `Arc`; `Debug` hides the key.
+/// Verifies host tokens by docs/reference/http.md. Share it behind an `Arc`; `Debug` hides the key.
 pub struct HostTokenVerifier {
     key: [u8; 32],
     jwks: Option<JwksCache>,
@@ -501,7 +511,7 @@ impl JwksCache {
     }
 }
 
-/// The fuzzing entry point for the JWKS parser (README § Fuzzing): how many usable keys a fetched
+/// The fuzzing entry point for the JWKS parser (docs/development.md, Fuzzing): how many usable keys a fetched
 /// document yields, or why it was refused.
 #[doc(hidden)]
 pub fn parse_jwks_for_fuzzing(body: &[u8]) -> Result<usize, String> {

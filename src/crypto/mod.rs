@@ -5,8 +5,8 @@
 //! - [`ct`]: constant-time comparison.
 //! - [`nacl`]: libsodium-compatible `crypto_box`.
 //! - [`challenge`]: transcript framing shared by both host proofs.
-//! - [`host_proof`]: the relay `host-challenge` (protocol.md §3.3–§3.4).
-//! - [`push_proof`]: the push gateway challenge (push.md §3).
+//! - [`host_proof`]: the relay `host-challenge` (docs/reference/websocket.md).
+//! - [`push_proof`]: the push gateway challenge (docs/reference/http.md).
 //! - [`jwt`]: host tokens, cluster tokens and assignment leases.
 //!
 //! Nothing here logs keys, secrets, tokens or proofs; `Debug` on secret-holding types redacts them.

@@ -1,6 +1,6 @@
 //! NaCl `crypto_box` (Curve25519-XSalsa20-Poly1305), byte-compatible with libsodium `crypto_box_easy`:
-//! the 16-byte Poly1305 tag comes first, then the encrypted plaintext. Host challenges (protocol.md
-//! §3.3, push.md §3.2) are sealed this way so any libsodium/TweetNaCl client can open them.
+//! the 16-byte Poly1305 tag comes first, then the encrypted plaintext. Host challenges (docs/reference/websocket.md
+//!, docs/reference/http.md) are sealed this way so any libsodium/TweetNaCl client can open them.
 
 use std::fmt;
 
@@ -95,10 +95,7 @@ mod tests {
     use crate::crypto::ident::hex;
 
     fn unhex(s: &str) -> Vec<u8> {
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
+        data_encoding::HEXLOWER.decode(s.as_bytes()).unwrap()
     }
 
     // Produced with PyNaCl 1.6.2 (libsodium):

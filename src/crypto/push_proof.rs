@@ -1,4 +1,4 @@
-//! Push gateway host proof (push.md §3): like the relay proof but with a 10-field transcript bound to the
+//! Push gateway host proof (docs/reference/http.md): like the relay proof but with a 10-field transcript bound to the
 //! gateway origin. The gateway keeps only `secret_hash` = base64url(SHA-256(expected proof)), so a database
 //! reader can neither open a challenge nor forge a proof.
 
@@ -17,7 +17,7 @@ pub const CHALLENGE_DOMAIN: &str = "orca-push-host-challenge/v1";
 /// Longest accepted `ciphertextB64`.
 pub const MAX_CIPHERTEXT_B64_CHARS: usize = 16_384;
 
-/// The ten transcript fields of push.md §3.1 (`protocol` and `version` are constants).
+/// The ten transcript fields of docs/reference/http.md (`protocol` and `version` are constants).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PushProofContext {
     pub gateway_origin: String,
@@ -79,13 +79,13 @@ pub fn secret_hash(proof: &[u8; 32]) -> String {
     url_encode(&sha256(proof))
 }
 
-/// Session step 4 (push.md §3.3): `proofB64` is canonical base64 of 32 bytes and hashes to `stored_hash`
+/// Session step 4 (docs/reference/http.md): `proofB64` is canonical base64 of 32 bytes and hashes to `stored_hash`
 /// (constant-time comparison).
 pub fn proof_matches_secret_hash(proof_b64: &str, stored_hash: &str) -> bool {
     decode_key32(proof_b64).is_some_and(|proof| ct_eq_str(&secret_hash(&proof), stored_hash))
 }
 
-/// `POST /v1/host/challenge` response body (push.md §2.1).
+/// `POST /v1/host/challenge` response body (docs/reference/http.md).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PushChallengeResponse {
@@ -148,7 +148,7 @@ pub fn issue_push_challenge_with(
     (response, hash)
 }
 
-/// Host side (push.md §3.2): opens the box, requires the exact framing and all ten fields to match its own
+/// Host side (docs/reference/http.md): opens the box, requires the exact framing and all ten fields to match its own
 /// origin, key and the response, plus freshness with 30 s skew; returns the proof for `proofB64`.
 pub fn answer_push_challenge(
     host_secret: &[u8; 32],

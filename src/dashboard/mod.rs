@@ -1,4 +1,4 @@
-//! `GET /dashboard` (operations.md §4): one self-contained HTML page compiled into the binary.
+//! `GET /dashboard` (docs/reference/http.md): one self-contained HTML page compiled into the binary.
 //!
 //! No external scripts, fonts or images: the page's script is inline and allowed by its SHA-256 in
 //! the Content-Security-Policy (no `unsafe-inline`), it may fetch only this origin, and it cannot be

@@ -1,4 +1,4 @@
-//! Operator routes (director.md §3.8): admin token, strict bodies, and the Cell / Fence /
+//! Operator routes (docs/reference/http.md): admin token, strict bodies, and the Cell / Fence /
 //! HostView / Migration objects.
 
 // Handlers return the finished reply as their error value (`Result<_, Response>`), like
@@ -16,7 +16,7 @@ use warp::Filter;
 use super::liveness::{Admission, CellView};
 use super::migrate::migration_json;
 use super::placement::{dormant, HostView};
-use super::routes::{bytes, db_unavailable, post};
+use super::web::{bytes, db_unavailable, post};
 use super::Director;
 use crate::clock;
 use crate::contract::limits::{CONNECTION_HARD_CAP_MAX, CONNECTION_HARD_CAP_MIN, CONTROL_RESERVE};
@@ -26,15 +26,18 @@ use crate::model::HostKey;
 use crate::store::cells::{self, CellError, CellSpec, Reader, Which};
 use crate::store::{migrations, overview, Db, DbError};
 
-/// The overview's window for regional-rehome attempts (operations.md §3: the last 24 h, the
-/// window of director.md §8.6).
+/// The overview's window for regional-rehome attempts (docs/reference/http.md: the last 24 h, the
+/// window of docs/reference/http.md).
 const OVERVIEW_WINDOW_MS: i64 = 86_400_000;
 
 pub fn routes(d: Arc<Director>) -> BoxedFilter<(Response,)> {
     macro_rules! admin {
         ($path:expr, $method:ident) => {
+            admin!($path, $method, false)
+        };
+        ($path:expr, $method:ident, $read:expr) => {
             post(d.clone(), $path, |d, hd, b| async move {
-                match d.admin_gate(&hd, b) {
+                match d.admin_gate(&hd, b, $read) {
                     Ok(bytes) => d.$method(&bytes).await,
                     Err(r) => r,
                 }
@@ -46,7 +49,8 @@ pub fn routes(d: Arc<Director>) -> BoxedFilter<(Response,)> {
         .unify()
         .or(admin!("/v1/admin/cell-fence", cell_fence_route))
         .unify()
-        .or(admin!("/v1/admin/cell-status", cell_status_route))
+        // A read of the dashboard: the metrics token is enough.
+        .or(admin!("/v1/admin/cell-status", cell_status_route, true))
         .unify()
         .or(admin!("/v1/admin/host-whereabouts", whereabouts_route))
         .unify()
@@ -189,9 +193,20 @@ pub(crate) struct CompleteReq {
 }
 
 impl Director {
-    /// Admin token, then the body limit.
-    fn admin_gate(&self, headers: &HeaderMap, body: Body) -> Result<bytes::Bytes, Response> {
-        if !h::is_admin(headers, self.ctx.config.secrets.admin_token.as_deref()) {
+    /// Admin token (or, for a `read`, the metrics token too), then the body limit.
+    fn admin_gate(
+        &self,
+        headers: &HeaderMap,
+        body: Body,
+        read: bool,
+    ) -> Result<bytes::Bytes, Response> {
+        let secrets = &self.ctx.config.secrets;
+        let allowed = if read {
+            h::is_reader(headers, secrets)
+        } else {
+            h::is_admin(headers, secrets.admin_token.as_deref())
+        };
+        if !allowed {
             return Err(h::invalid_token());
         }
         bytes(body)
@@ -334,7 +349,7 @@ impl Director {
         }
     }
 
-    /// Cell objects (§3.8), by `cellId`.
+    /// Cell objects, by `cellId`.
     pub async fn cell_objects(&self, one: Option<&str>) -> Result<Vec<Json>, DbError> {
         let db = &self.ctx.db;
         let which = match one {
@@ -598,7 +613,7 @@ impl Director {
     }
 }
 
-/// `GET /v1/admin/overview` (operations.md §3), with the `push` section when that role runs here.
+/// `GET /v1/admin/overview` (docs/reference/http.md), with the `push` section when that role runs here.
 fn overview_route(d: Arc<Director>) -> BoxedFilter<(Response,)> {
     warp::path!("v1" / "admin" / "overview")
         .and(warp::get())
@@ -606,7 +621,7 @@ fn overview_route(d: Arc<Director>) -> BoxedFilter<(Response,)> {
         .then(move |hd: HeaderMap| {
             let d = d.clone();
             async move {
-                if !h::is_admin(&hd, d.ctx.config.secrets.admin_token.as_deref()) {
+                if !h::is_reader(&hd, &d.ctx.config.secrets) {
                     return h::invalid_token();
                 }
                 match d.overview().await {
@@ -619,7 +634,7 @@ fn overview_route(d: Arc<Director>) -> BoxedFilter<(Response,)> {
 }
 
 impl Director {
-    /// The overview object (operations.md §3).
+    /// The overview object (docs/reference/http.md).
     pub async fn overview(&self) -> Result<Json, DbError> {
         let db = &self.ctx.db;
         let now = clock::now_ms();
@@ -645,8 +660,8 @@ impl Director {
         let total = rows.len() as i64;
         let dormant = rows.iter().filter(|r| dormant(r, now)).count() as i64;
         let open = overview::open_migration_count(db).await?;
-        // The same trailing-24 h attempt counts as the control route's `outcomes` (director.md
-        // §8.6): `committed` = attempts committed in the window, `aborted` summed over reasons.
+        // The same trailing-24 h attempt counts as the control route's `outcomes` (docs/reference/http.md
+        //): `committed` = attempts committed in the window, `aborted` summed over reasons.
         let outcomes = crate::store::region::outcome_counts(db, now - OVERVIEW_WINDOW_MS).await?;
         let committed = outcomes.committed;
         let aborted: i64 = outcomes.aborted.iter().map(|(_, n)| n).sum();
@@ -660,7 +675,7 @@ impl Director {
             "migrations": {"open": open},
             "regionalRehome": {"enabled": enabled, "committed": committed, "deferred": deferred, "aborted": aborted},
         });
-        // `push` only when that role runs in this process (operations.md §3): `server.rs` attaches
+        // `push` only when that role runs in this process (docs/reference/http.md): `server.rs` attaches
         // it then.
         if let Some(push) = self.push_overview.get() {
             out["push"] = push.push_section().await.map_err(DbError::Transient)?;

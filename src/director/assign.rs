@@ -1,12 +1,13 @@
-//! The director's assign service (director.md §5.2–§5.4): each transaction locks rows in the order
-//! of §2 through the store's primitives, hands the plain rows to the pure rules of
+//! The director's assign service (ARCHITECTURE.md): each transaction locks rows in the order
+//! of through the store's primitives, hands the plain rows to the pure rules of
 //! [`super::placement`], writes what they decide, and logs its events after commit.
 
 use serde_json::{json, Value as Json};
 
 use super::liveness::{Admission, CellView};
 use super::placement::{
-    decide, decide_sticky, placement_region, select, Decision, HostView, MoveKind, Refusal, Scope,
+    decide, decide_sticky, placement_region, select, spared, Decision, HostView, MoveKind, Refusal,
+    Scope,
 };
 use crate::model::{ActivityId, HostKey, LeaseCounts, LeaseKind};
 use crate::store::assignments::{
@@ -19,9 +20,9 @@ use crate::store::cells::{self, Reader, Which};
 use crate::store::migrations::abort_migration;
 use crate::store::{Db, DbError, RetryClass, Tx};
 
-/// Wait for cell rows in request paths (§2).
+/// Wait for cell rows in request paths.
 pub const CELL_WAIT_MS: u64 = 500;
-/// Wait for a live `general` home's assignment row (§2).
+/// Wait for a live `general` home's assignment row.
 pub const STICKY_ROW_WAIT_MS: u64 = 1_000;
 
 /// A successful `assign`.
@@ -45,11 +46,14 @@ pub enum AssignError {
     Db(DbError),
     /// Internal: the row changed under us; run A again.
     Restart,
-    /// [`assign_sticky`] only: the host has no row or its home is roll-isolated (§3.3); nothing
+    /// [`assign_sticky`] only: the host has no row or its home is roll-isolated; nothing
     /// was written, the request belongs to the placement lane.
     NotSticky,
-    /// [`assign_sticky`] only: the verification read failed (§3.3 `route=assign-verify`).
+    /// [`assign_sticky`] only: the verification read failed (`route=assign-verify`).
     VerifyFailed(DbError),
+    /// [`AssignOptions::spare_serving`] only: the home is not live but still holds the host's
+    /// unexpired control lease; nothing was written.
+    Spared,
 }
 
 impl From<DbError> for AssignError {
@@ -65,6 +69,12 @@ impl RetryClass for AssignError {
             _ => None,
         }
     }
+    fn db_error(&self) -> Option<&crate::store::DbError> {
+        match self {
+            AssignError::Db(e) => Some(e),
+            _ => None,
+        }
+    }
 }
 
 /// Knobs of one `assign` call.
@@ -72,12 +82,19 @@ impl RetryClass for AssignError {
 pub struct AssignOptions {
     /// Wait for cell rows: 500 ms on request paths, 1 000 ms for the dead-cell sweep.
     pub cell_wait_ms: u64,
+    /// The dead-cell sweep: do not move a host off a home that is not live while that home
+    /// still holds the host's unexpired control lease. A home that stopped heartbeating may
+    /// only be cut off from the director and still be serving the host; it ends the session
+    /// itself before the lease lapses when it cannot renew it, and a host that asks again
+    /// itself is moved by the request path.
+    pub spare_serving: bool,
 }
 
 impl Default for AssignOptions {
     fn default() -> Self {
         AssignOptions {
             cell_wait_ms: CELL_WAIT_MS,
+            spare_serving: false,
         }
     }
 }
@@ -93,10 +110,10 @@ pub async fn assign(
     assign_with(db, host, preferred_region, regions, opts, false).await
 }
 
-/// The sticky lane's `assign` (§3.3): the lane's verification (row exists, home not roll-isolated
+/// The sticky lane's `assign`: the lane's verification (row exists, home not roll-isolated
 /// ignoring liveness) is made on the rows A reads under its locks, so a verified sticky grant
 /// costs two round trips in all (see [`Mode::Fast`]). Unverified → [`AssignError::NotSticky`]
-/// with nothing written. When the row is busy the verification is the plain read of §3.3.
+/// with nothing written. When the row is busy the verification is the plain read.
 pub async fn assign_sticky(
     db: &Db,
     host: &HostKey,
@@ -114,8 +131,8 @@ pub async fn assign_sticky(
     .await
 }
 
-/// The sticky lane's verification as a plain read (§3.3): the host has a row whose home is not
-/// roll-isolated (§6.2, liveness ignored).
+/// The sticky lane's verification as a plain read: the host has a row whose home is not
+/// roll-isolated (liveness ignored).
 pub async fn verify_sticky(db: &Db, host: &HostKey) -> Result<bool, DbError> {
     let row = match read_row(db, host).await? {
         Some(r) => r,
@@ -130,6 +147,20 @@ pub async fn verify_sticky(db: &Db, host: &HostKey) -> Result<bool, DbError> {
     Ok(open.is_some())
 }
 
+/// What one assign asks: the host, its preferred region, the known regions and the options.
+#[derive(Clone, Copy)]
+struct Ask<'a> {
+    host: &'a HostKey,
+    preferred_region: Option<&'a str>,
+    regions: &'a [String],
+    opts: AssignOptions,
+}
+
+/// Events a transaction leaves to log after its commit.
+type Events = Vec<(&'static str, Json)>;
+
+/// The assign's entries in turn: the fast attempt (A), sticky (A after a plain read), the
+/// roll-isolated moves (I) and all rows (M); at most six rounds.
 async fn assign_with(
     db: &Db,
     host: &HostKey,
@@ -138,76 +169,27 @@ async fn assign_with(
     opts: AssignOptions,
     verify: bool,
 ) -> Result<Grant, AssignError> {
+    let ask = Ask {
+        host,
+        preferred_region,
+        regions,
+        opts,
+    };
     let mut last = AssignError::Restart;
     let mut mode = Mode::Fast;
     for _ in 0..6 {
         let now = crate::clock::now_ms();
-        let mut events: Vec<(&'static str, Json)> = Vec::new();
+        let mut events: Events = Vec::new();
         let result: Result<Step, AssignError> = if mode == Mode::Fast {
-            let mut verified = !verify;
-            let r = crate::transaction!(db, "assignment", |tx| {
-                events.clear();
-                assign_tx(
-                    tx,
-                    host,
-                    None,
-                    None,
-                    preferred_region,
-                    regions,
-                    opts,
-                    mode,
-                    now,
-                    &mut events,
-                    if verify { Some(&mut verified) } else { None },
-                )
-                .await
-            });
-            match r {
-                Err(AssignError::RowBusy) => {
-                    // Contended: A as §5.2 writes it, its plain read choosing the wait.
-                    if verify
-                        && !verify_sticky(db, host)
-                            .await
-                            .map_err(AssignError::VerifyFailed)?
-                    {
-                        return Err(AssignError::NotSticky);
-                    }
+            match fast_attempt(db, ask, verify, now, &mut events).await? {
+                Some(r) => r,
+                None => {
                     mode = Mode::Sticky;
                     continue;
                 }
-                Err(AssignError::Db(e)) if !verified => return Err(AssignError::VerifyFailed(e)),
-                r => r,
             }
         } else {
-            // A.1: plain read of the row and its home.
-            let plain = read_row(db, host).await?;
-            let wait = match (&plain, mode) {
-                (Some(row), Mode::Sticky) => match cells::view(db, &row.cell_id).await? {
-                    Some(home) if home.live(now) && home.admission == Admission::General => {
-                        Some(STICKY_ROW_WAIT_MS)
-                    }
-                    _ => None,
-                },
-                _ => None,
-            };
-            let plain_cell = plain.map(|r| r.cell_id);
-            crate::transaction!(db, "assignment", |tx| {
-                events.clear();
-                assign_tx(
-                    tx,
-                    host,
-                    plain_cell.as_deref(),
-                    wait,
-                    preferred_region,
-                    regions,
-                    opts,
-                    mode,
-                    now,
-                    &mut events,
-                    None,
-                )
-                .await
-            })
+            locked_attempt(db, ask, mode, now, &mut events).await
         };
         match result {
             Err(AssignError::Restart) => {
@@ -216,32 +198,12 @@ async fn assign_with(
                 continue;
             }
             Ok(Step::Done(g)) => {
-                for (name, fields) in events {
-                    crate::logging::event(name, fields);
-                }
+                log_events(events);
                 return Ok(g);
             }
             Ok(Step::Isolated) => {
-                // I: tier 1 (home region), tier 2 (other regions), each its own transaction;
-                // nothing found, or a host that no longer qualifies, continues with M.
-                for inside in [true, false] {
-                    let mut events: Vec<(&'static str, Json)> = Vec::new();
-                    let r: Result<IStep, AssignError> =
-                        crate::transaction!(db, "assignment", |tx| {
-                            events.clear();
-                            isolated_tx(tx, host, inside, opts, crate::clock::now_ms(), &mut events)
-                                .await
-                        });
-                    match r? {
-                        IStep::Moved(g) => {
-                            for (name, fields) in events {
-                                crate::logging::event(name, fields);
-                            }
-                            return Ok(g);
-                        }
-                        IStep::NoTarget => continue,
-                        IStep::ToAllRows => break,
-                    }
+                if let Some(g) = isolated_moves(db, host, opts).await? {
+                    return Ok(g);
                 }
                 mode = Mode::AllRows;
             }
@@ -254,7 +216,122 @@ async fn assign_with(
     })
 }
 
-/// Which entry of §5.2 a transaction plays.
+fn log_events(events: Events) {
+    for (name, fields) in events {
+        crate::logging::event(name, fields);
+    }
+}
+
+/// A's fast attempt (no plain read first). `Ok(None)`: the row was busy, so the assign goes on
+/// sticky (a verifying assign first checks the host is still sticky by a plain read); a store
+/// error before the host was verified is a failed verification.
+async fn fast_attempt(
+    db: &Db,
+    ask: Ask<'_>,
+    verify: bool,
+    now: i64,
+    events: &mut Events,
+) -> Result<Option<Result<Step, AssignError>>, AssignError> {
+    let mut verified = !verify;
+    let r = crate::transaction!(db, "assignment", |tx| {
+        events.clear();
+        assign_tx(
+            tx,
+            ask.host,
+            None,
+            None,
+            ask.preferred_region,
+            ask.regions,
+            ask.opts,
+            Mode::Fast,
+            now,
+            &mut *events,
+            if verify { Some(&mut verified) } else { None },
+        )
+        .await
+    });
+    match r {
+        Err(AssignError::RowBusy) => {
+            // Contended: A as writes it, its plain read choosing the wait.
+            if verify
+                && !verify_sticky(db, ask.host)
+                    .await
+                    .map_err(AssignError::VerifyFailed)?
+            {
+                return Err(AssignError::NotSticky);
+            }
+            Ok(None)
+        }
+        Err(AssignError::Db(e)) if !verified => Err(AssignError::VerifyFailed(e)),
+        r => Ok(Some(r)),
+    }
+}
+
+/// A sticky or all-rows attempt. A.1: a plain read of the row and its home chooses how long to
+/// wait for the row lock (a live general home is worth waiting for).
+async fn locked_attempt(
+    db: &Db,
+    ask: Ask<'_>,
+    mode: Mode,
+    now: i64,
+    events: &mut Events,
+) -> Result<Step, AssignError> {
+    let plain = read_row(db, ask.host).await?;
+    let wait = match (&plain, mode) {
+        (Some(row), Mode::Sticky) => match cells::view(db, &row.cell_id).await? {
+            Some(home) if home.live(now) && home.admission == Admission::General => {
+                Some(STICKY_ROW_WAIT_MS)
+            }
+            _ => None,
+        },
+        _ => None,
+    };
+    let plain_cell = plain.map(|r| r.cell_id);
+    crate::transaction!(db, "assignment", |tx| {
+        events.clear();
+        assign_tx(
+            tx,
+            ask.host,
+            plain_cell.as_deref(),
+            wait,
+            ask.preferred_region,
+            ask.regions,
+            ask.opts,
+            mode,
+            now,
+            &mut *events,
+            None,
+        )
+        .await
+    })
+}
+
+/// I: tier 1 (home region), tier 2 (other regions), each its own transaction. `None` when
+/// nothing was found or the host no longer qualifies: the assign continues with M.
+async fn isolated_moves(
+    db: &Db,
+    host: &HostKey,
+    opts: AssignOptions,
+) -> Result<Option<Grant>, AssignError> {
+    for inside in [true, false] {
+        let mut events: Events = Vec::new();
+        let r: Result<IStep, AssignError> = crate::transaction!(db, "assignment", |tx| {
+            events.clear();
+            isolated_tx(tx, host, inside, opts, crate::clock::now_ms(), &mut events).await
+        });
+        match r? {
+            IStep::Moved(g) => {
+                log_events(events);
+                return Ok(Some(g));
+            }
+            IStep::NoTarget => continue,
+            IStep::ToAllRows => break,
+        }
+    }
+    Ok(None)
+}
+
+/// Which entry of a transaction plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
     /// A's first attempt in two round trips: `BEGIN` pipelined with one statement that locks the
@@ -262,7 +339,7 @@ enum Mode {
     /// epoch (A.5) is then one `UPDATE` pipelined with `COMMIT` ([`stamp_grant`]). No plain read
     /// comes first: it only chooses how long to wait for a busy row, and a busy row sends the
     /// request to [`Mode::Sticky`], which makes it. The same rows are locked in the same order,
-    /// so the outcome is the one §5.2 prescribes.
+    /// so the outcome is the one prescribes.
     Fast,
     /// A (then P or M in the same transaction).
     Sticky,
@@ -284,7 +361,7 @@ enum IStep {
     ToAllRows,
 }
 
-/// Simple host (§5.1): every lease charged to the home and invariant 2 holds.
+/// Simple host: every lease charged to the home and invariant 2 holds.
 pub fn simple(hv: &HostView) -> bool {
     hv.leases.iter().all(|l| l.cell_id == hv.row.cell_id)
         && LeaseCounts::of_leases(&hv.leases) == hv.row.counters
@@ -373,32 +450,7 @@ async fn assign_tx(
     verified: Option<&mut bool>,
 ) -> Result<Step, AssignError> {
     // A.2–A.3: the assignment row, then the host rows; the home by plain read.
-    let locked: Option<StickyRead> = match mode {
-        Mode::Fast => lock_sticky(tx, host).await.map_err(busy)?,
-        _ => match lock_row(tx, host, wait).await.map_err(busy)? {
-            None => None,
-            Some(row) => {
-                if plain_cell != Some(row.cell_id.as_str()) {
-                    return Err(AssignError::Restart);
-                }
-                let leases = lock_leases(tx, host).await?;
-                let open_migration = lock_open_migration(tx, host).await?;
-                lock_reservations(tx, host).await?;
-                let home = cells::views(Reader::Tx(tx), Which::One(&row.cell_id), false)
-                    .await?
-                    .into_iter()
-                    .next();
-                Some((
-                    HostView {
-                        row,
-                        leases,
-                        open_migration,
-                    },
-                    home,
-                ))
-            }
-        },
-    };
+    let locked = lock_for_assign(tx, host, plain_cell, wait, mode).await?;
     if let Some(v) = verified {
         match &locked {
             Some((hv, home)) if !hv.roll_isolated(home.as_ref(), now) => *v = true,
@@ -406,22 +458,7 @@ async fn assign_tx(
         }
     }
     let Some((mut hv, home)) = locked else {
-        // P: fresh placement over the general rows.
-        tx.set_lock_timeout(opts.cell_wait_ms).await?;
-        let cells = cells::views(Reader::Tx(tx), Which::General, true).await?;
-        let region = placement_region(preferred, None, regions);
-        return apply(
-            tx,
-            host,
-            None,
-            &cells,
-            decide(None, &cells, region, now),
-            preferred,
-            now,
-            events,
-        )
-        .await
-        .map(Step::Done);
+        return fresh_placement(tx, host, preferred, regions, opts, now, events).await;
     };
     if let Some(p) = preferred {
         hv.row.preferred_region = Some(p.to_string());
@@ -465,7 +502,22 @@ async fn assign_tx(
             return Ok(Step::Isolated);
         }
     }
-    // P (dormant) or M: every row the rule may need, locked in one statement.
+    every_row_decision(tx, host, &hv, &region, preferred, opts, now, events).await
+}
+
+/// P (dormant) or M: every cell row the rule may need, locked in one statement, then the
+/// decision applied (or the host spared, for the dead-cell sweep).
+#[allow(clippy::too_many_arguments)]
+async fn every_row_decision(
+    tx: &mut Tx,
+    host: &HostKey,
+    hv: &HostView,
+    region: &str,
+    preferred: Option<&str>,
+    opts: AssignOptions,
+    now: i64,
+    events: &mut Vec<(&'static str, Json)>,
+) -> Result<Step, AssignError> {
     tx.set_lock_timeout(opts.cell_wait_ms).await?;
     let which = if hv.dormant(now) {
         Which::General
@@ -473,10 +525,79 @@ async fn assign_tx(
         Which::All
     };
     let cells = cells::views(Reader::Tx(tx), which, true).await?;
-    let d = decide(Some(&hv), &cells, &region, now);
-    apply(tx, host, Some(&hv), &cells, d, preferred, now, events)
+    let d = decide(Some(hv), &cells, region, now);
+    if opts.spare_serving && spared(hv, &cells, &d, now) {
+        return Err(AssignError::Spared);
+    }
+    apply(tx, host, Some(hv), &cells, d, preferred, now, events)
         .await
         .map(Step::Done)
+}
+
+/// A.2–A.3 under lock: the fast entry's one-statement read ([`lock_sticky`]), or the row (with
+/// the wait the plain read chose) and then the host rows and the home. A row whose cell is not
+/// the one the plain read saw restarts the assign.
+async fn lock_for_assign(
+    tx: &mut Tx,
+    host: &HostKey,
+    plain_cell: Option<&str>,
+    wait: Option<u64>,
+    mode: Mode,
+) -> Result<Option<StickyRead>, AssignError> {
+    let locked: Option<StickyRead> = match mode {
+        Mode::Fast => lock_sticky(tx, host).await.map_err(busy)?,
+        _ => match lock_row(tx, host, wait).await.map_err(busy)? {
+            None => None,
+            Some(row) => {
+                if plain_cell != Some(row.cell_id.as_str()) {
+                    return Err(AssignError::Restart);
+                }
+                let leases = lock_leases(tx, host).await?;
+                let open_migration = lock_open_migration(tx, host).await?;
+                lock_reservations(tx, host).await?;
+                let home = cells::views(Reader::Tx(tx), Which::One(&row.cell_id), false)
+                    .await?
+                    .into_iter()
+                    .next();
+                Some((
+                    HostView {
+                        row,
+                        leases,
+                        open_migration,
+                    },
+                    home,
+                ))
+            }
+        },
+    };
+    Ok(locked)
+}
+
+/// P: fresh placement over the general rows (the host has no assignment row).
+async fn fresh_placement(
+    tx: &mut Tx,
+    host: &HostKey,
+    preferred: Option<&str>,
+    regions: &[String],
+    opts: AssignOptions,
+    now: i64,
+    events: &mut Events,
+) -> Result<Step, AssignError> {
+    tx.set_lock_timeout(opts.cell_wait_ms).await?;
+    let cells = cells::views(Reader::Tx(tx), Which::General, true).await?;
+    let region = placement_region(preferred, None, regions);
+    apply(
+        tx,
+        host,
+        None,
+        &cells,
+        decide(None, &cells, region, now),
+        preferred,
+        now,
+        events,
+    )
+    .await
+    .map(Step::Done)
 }
 
 fn busy(e: DbError) -> AssignError {
@@ -506,33 +627,7 @@ async fn apply(
                 .find(|c| c.cell_id == hv.row.cell_id)
                 .ok_or(AssignError::Refused(Refusal::CapacityExhausted))?;
             if matches!(decision, Decision::ChargeHome { .. }) {
-                // A.7: the home row (≤ 500 ms), capacity, then the pending control.
-                tx.set_lock_timeout(CELL_WAIT_MS).await?;
-                if !charge_cell(tx, &home.cell_id, 1, now).await? {
-                    return Err(AssignError::Refused(Refusal::CapacityExhausted));
-                }
-                let id = ActivityId::ControlPending {
-                    epoch: hv.row.assignment_epoch,
-                }
-                .to_string();
-                if let Some(old) = hv.leases.iter().find(|l| l.activity_id == id) {
-                    delete_lease(tx, host, old, now).await?;
-                }
-                insert_lease(
-                    tx,
-                    host,
-                    &id,
-                    LeaseKind::Control,
-                    &home.cell_id,
-                    1,
-                    now + LEASE_TTL_MS,
-                    now,
-                )
-                .await?;
-                if home.capped() {
-                    reserve_connection(tx, host, hv.row.assignment_epoch, &home.cell_id, now)
-                        .await?;
-                }
+                charge_home(tx, host, hv, home, now).await?;
             }
             touch_row(tx, host, now + LEASE_TTL_MS, now).await?;
             refresh_row(tx, host, Some(now), now).await?;
@@ -589,7 +684,45 @@ async fn apply(
     }
 }
 
-/// Writes a move (§5.3) to `target`, whose row the caller holds; returns the new epoch.
+/// A.7: charges the home for the host's control: the home row (≤ 500 ms), capacity, then the
+/// epoch's `control-pending` lease (replacing one left over) and, on a capped home, a connection
+/// reservation.
+async fn charge_home(
+    tx: &mut Tx,
+    host: &HostKey,
+    hv: &HostView,
+    home: &CellView,
+    now: i64,
+) -> Result<(), AssignError> {
+    tx.set_lock_timeout(CELL_WAIT_MS).await?;
+    if !charge_cell(tx, &home.cell_id, 1, now).await? {
+        return Err(AssignError::Refused(Refusal::CapacityExhausted));
+    }
+    let id = ActivityId::ControlPending {
+        epoch: hv.row.assignment_epoch,
+    }
+    .to_string();
+    if let Some(old) = hv.leases.iter().find(|l| l.activity_id == id) {
+        delete_lease(tx, host, old, now).await?;
+    }
+    insert_lease(
+        tx,
+        host,
+        &id,
+        LeaseKind::Control,
+        &home.cell_id,
+        1,
+        now + LEASE_TTL_MS,
+        now,
+    )
+    .await?;
+    if home.capped() {
+        reserve_connection(tx, host, hv.row.assignment_epoch, &home.cell_id, now).await?;
+    }
+    Ok(())
+}
+
+/// Writes a move to `target`, whose row the caller holds; returns the new epoch.
 pub async fn write_move(
     tx: &mut Tx,
     host: &HostKey,
@@ -625,7 +758,7 @@ pub async fn write_move(
             )
             .await;
             match r {
-                Ok(_) => 1,
+                Ok(epoch) => epoch,
                 Err(DbError::UniqueViolation) => return Err(AssignError::Restart),
                 Err(e) => return Err(e.into()),
             }
@@ -661,7 +794,7 @@ pub struct Resolved {
     pub lease_expires_at: i64,
 }
 
-/// `resolve(host)` (§5.4): a plain read; a live home answers unchanged, anything else goes through
+/// `resolve(host)`: a plain read; a live home answers unchanged, anything else goes through
 /// `assign` without a region hint.
 pub async fn resolve(db: &Db, host: &HostKey, regions: &[String]) -> Result<Resolved, AssignError> {
     let now = crate::clock::now_ms();

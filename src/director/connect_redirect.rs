@@ -1,5 +1,5 @@
 //! `/v1/connect/<relayHostId>` on a process that runs the director but not the cell: the invite
-//! redirect of protocol.md §5.5.
+//! redirect of docs/reference/websocket.md.
 //!
 //! A phone holding an invite dials the director it was configured with; the director answers with
 //! the host's cell (`relay-moved`) and closes 4503 so the phone redials there. Only upgrade gates
@@ -75,63 +75,78 @@ pub async fn handle(
         let first =
             ws::first_frame(&mut socket, Duration::from_millis(limits::FIRST_FRAME_MS)).await;
         d.redirect_admission.leave(&source);
-        let text = match first {
-            First::Text(t) => t,
-            First::Binary => {
-                return ws::close(
-                    &mut socket,
-                    close::BAD_OUTER_CREDENTIAL,
-                    reason::FIRST_FRAME_MUST_BE_TEXT,
-                )
-                .await
-            }
-            First::Timeout => {
-                return ws::close(
-                    &mut socket,
-                    close::BAD_OUTER_CREDENTIAL,
-                    reason::FIRST_FRAME_TIMEOUT,
-                )
-                .await
-            }
-            First::Oversize => return ws::close(&mut socket, close::MESSAGE_TOO_BIG, "").await,
-            First::Violation(code) => {
-                return ws::close(&mut socket, code, ws::violation_reason(code)).await
-            }
-            First::Gone => return,
+        let Some(text) = redirect_first_text(&mut socket, first).await else {
+            return;
         };
         let answer = match frame::relay_auth(&text) {
             None => Answer::Reject(reason::INVALID_RELAY_AUTH),
             Some(auth) => decide(&d, &relay_host_id, &auth.credential).await,
         };
-        match answer {
-            Answer::Moved { cell_url, epoch } => {
-                let moved = json!({"type": "relay-moved", "v": 1, "cellUrl": cell_url, "assignmentEpoch": epoch});
-                if ws::send_json(&mut socket, &moved).await {
-                    ws::close(
-                        &mut socket,
-                        close::DRAINING,
-                        reason::CONNECT_TO_ASSIGNED_CELL,
-                    )
-                    .await;
-                }
-            }
-            Answer::Reject(why) => {
-                let hello = json!({"type": "relay-hello", "ok": false, "code": close::BAD_OUTER_CREDENTIAL});
-                if ws::send_json(&mut socket, &hello).await {
-                    ws::close(&mut socket, close::BAD_OUTER_CREDENTIAL, why).await;
-                }
-            }
-            Answer::Unavailable => {
-                ws::close(
-                    &mut socket,
-                    close::LIMIT_EXCEEDED,
-                    reason::RELAY_TEMPORARILY_UNAVAILABLE,
-                )
-                .await
-            }
-        }
+        send_answer(&mut socket, answer).await;
     });
     resp
+}
+
+/// The phone's first frame as text; anything else closes it.
+async fn redirect_first_text(socket: &mut ws::Ws, first: First) -> Option<String> {
+    match first {
+        First::Text(t) => Some(t),
+        First::Binary => {
+            ws::close(
+                socket,
+                close::BAD_OUTER_CREDENTIAL,
+                reason::FIRST_FRAME_MUST_BE_TEXT,
+            )
+            .await;
+            None
+        }
+        First::Timeout => {
+            ws::close(
+                socket,
+                close::BAD_OUTER_CREDENTIAL,
+                reason::FIRST_FRAME_TIMEOUT,
+            )
+            .await;
+            None
+        }
+        First::Oversize => {
+            ws::close(socket, close::MESSAGE_TOO_BIG, "").await;
+            None
+        }
+        First::Violation(code) => {
+            ws::close(socket, code, ws::violation_reason(code)).await;
+            None
+        }
+        First::Gone => None,
+    }
+}
+
+/// Sends the phone its answer: `relay-moved` to its assigned cell, a refused `relay-hello`, or
+/// the temporary-unavailable close.
+async fn send_answer(socket: &mut ws::Ws, answer: Answer) {
+    match answer {
+        Answer::Moved { cell_url, epoch } => {
+            let moved = json!({"type": "relay-moved", "v": 1, "cellUrl": cell_url, "assignmentEpoch": epoch});
+            if ws::send_json(socket, &moved).await {
+                ws::close(socket, close::DRAINING, reason::CONNECT_TO_ASSIGNED_CELL).await;
+            }
+        }
+        Answer::Reject(why) => {
+            let hello =
+                json!({"type": "relay-hello", "ok": false, "code": close::BAD_OUTER_CREDENTIAL});
+            if ws::send_json(socket, &hello).await {
+                ws::close(socket, close::BAD_OUTER_CREDENTIAL, why).await;
+            }
+        }
+        Answer::Unavailable => {
+            ws::close(
+                socket,
+                close::LIMIT_EXCEEDED,
+                reason::RELAY_TEMPORARILY_UNAVAILABLE,
+            )
+            .await
+        }
+    }
 }
 
 /// An invite that resolves gets its host's assignment (placing the host if it has none); a resume

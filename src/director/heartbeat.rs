@@ -1,4 +1,4 @@
-//! Heartbeat validation and handling (director.md §3.6–§3.7), shared by the HTTP route and the
+//! Heartbeat validation and handling (docs/reference/http.md), shared by the HTTP route and the
 //! in-process beat of a process that also runs `cell`.
 
 use super::liveness::{incarnation_verdict, IncarnationVerdict};
@@ -27,7 +27,7 @@ pub const TELEMETRY_SUM: &str = "connection telemetry sum does not match";
 pub const TELEMETRY_BOUND: &str =
     "connection unobserved bound must leave ordinary admission capacity";
 
-/// The schema of §3.6.
+/// The schema.
 pub fn validate(hb: &CellHeartbeat, regions: &[String]) -> Result<Beat, HeartbeatRefusal> {
     use HeartbeatRefusal::InvalidRequest as Bad;
     if hb.v != 1
@@ -112,12 +112,18 @@ impl RetryClass for BeatError {
             _ => None,
         }
     }
+    fn db_error(&self) -> Option<&crate::store::DbError> {
+        match self {
+            BeatError::Db(e) => Some(e),
+            _ => None,
+        }
+    }
 }
 
-/// Wait for the cell row in the heartbeat transaction (director.md §2).
+/// Wait for the cell row in the heartbeat transaction (ARCHITECTURE.md).
 const CELL_ROW_WAIT_MS: u64 = 1_000;
 
-/// Applies an accepted heartbeat, then releases reservations it settles (§4.4). A refused beat of
+/// Applies an accepted heartbeat, then releases reservations it settles. A refused beat of
 /// an existing cell still deletes the cell's fence.
 pub async fn apply(db: &Db, beat: &Beat, now: i64) -> Result<(), BeatError> {
     let result: Result<bool, BeatError> =
@@ -145,7 +151,7 @@ pub async fn apply(db: &Db, beat: &Beat, now: i64) -> Result<(), BeatError> {
     }
 }
 
-/// The heartbeat transaction: cell row, runtime row, the §3.6 checks, the runtime write and the
+/// The heartbeat transaction: cell row, runtime row, the checks, the runtime write and the
 /// fence delete. Returns whether the runtime was reset (a new row or a takeover).
 async fn apply_tx(tx: &mut Tx, beat: &Beat, now: i64) -> Result<bool, BeatError> {
     tx.set_lock_timeout(CELL_ROW_WAIT_MS).await?;
@@ -195,7 +201,7 @@ async fn apply_tx(tx: &mut Tx, beat: &Beat, now: i64) -> Result<bool, BeatError>
     Ok(reset)
 }
 
-/// §3.7: stores a cell's regional-rehome protocol and safety report on its runtime row, when the
+///: stores a cell's regional-rehome protocol and safety report on its runtime row, when the
 /// cell and its runtime exist and the report comes from the current incarnation (lowercased).
 pub async fn apply_rehome_status(
     db: &Db,
@@ -220,7 +226,7 @@ pub async fn apply_rehome_status(
     })
 }
 
-/// The schema of §3.7.
+/// The schema.
 pub fn validate_rehome_status(s: &CellRehomeStatus) -> bool {
     let f = &s.safety;
     let nonneg = |v: i64| (0..=(1i64 << 53) - 1).contains(&v);

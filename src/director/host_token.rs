@@ -1,4 +1,4 @@
-//! `POST /v1/host-token` (protocol.md §2.1): mints a self-hosted HS256 host token for a desktop that
+//! `POST /v1/host-token` (docs/reference/http.md): mints a self-hosted HS256 host token for a desktop that
 //! holds the self-hosted key. Every answer carries `Cache-Control: no-store`.
 
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! Admission lanes (director.md §3.3): bounded FIFO queues in front of the database with a
+//! Admission lanes (docs/reference/http.md): bounded FIFO queues in front of the database with a
 //! per-host in-flight and minimum-interval rule. Per process; nothing here touches the database.
 
 use std::collections::HashMap;

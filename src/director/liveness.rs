@@ -1,17 +1,17 @@
-//! Liveness, causes, headroom, incarnations and fences (director.md §4) as pure functions over
+//! Liveness, causes, headroom, incarnations and fences (docs/operations.md) as pure functions over
 //! plain rows, so every rule is unit-tested without a database.
 
 use crate::contract::limits::CONTROL_RESERVE;
-/// Heartbeat TTL: a runtime row older than this is not fresh (director.md §4.1).
+/// Heartbeat TTL: a runtime row older than this is not fresh (docs/operations.md).
 pub use crate::contract::limits::HEARTBEAT_TTL_MS;
-/// Fence lifetime (director.md §4.3).
+/// Fence lifetime (docs/operations.md).
 pub const FENCE_TTL_MS: i64 = 300_000;
-/// Age beyond which a roll stamp no longer isolates (director.md §6.2).
+/// Age beyond which a roll stamp no longer isolates (docs/deploy/cluster.md).
 pub const ROLL_STAMP_MAX_AGE_MS: i64 = 7_200_000;
 
 pub use crate::model::cell::{Admission, CellView, Fence, Runtime, Telemetry};
 
-/// Why a cell is not live (director.md §4.1).
+/// Why a cell is not live (docs/operations.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cause {
     Booting,
@@ -55,7 +55,7 @@ impl CellView {
         cause(Some(self), now)
     }
 
-    /// Connection headroom (director.md §4.4).
+    /// Connection headroom (docs/operations.md).
     pub fn headroom(&self, now: i64) -> bool {
         let (cap, bound) = match (self.connection_hard_cap, self.connection_unobserved_bound) {
             (Some(c), Some(b)) => (c, b),
@@ -70,7 +70,7 @@ impl CellView {
         }
     }
 
-    /// The Cell object's `rollIsolated`: conditions (1)–(2) of §6.2.
+    /// The Cell object's `rollIsolated`: conditions (1)–(2).
     pub fn roll_stamp_active(&self, now: i64) -> bool {
         self.admission == Admission::MigrationOnly
             && self
@@ -78,7 +78,7 @@ impl CellView {
                 .is_some_and(|s| now - s < ROLL_STAMP_MAX_AGE_MS)
     }
 
-    /// A valid fence (director.md §4.3).
+    /// A valid fence (docs/operations.md).
     pub fn fence_valid(&self, now: i64) -> bool {
         match (&self.fence, &self.runtime) {
             (Some(f), Some(r)) => {
@@ -114,7 +114,7 @@ pub fn cause(cell: Option<&CellView>, now: i64) -> Option<Cause> {
     Some(Cause::NotReady)
 }
 
-/// How a heartbeat relates to the stored runtime row (director.md §4.2).
+/// How a heartbeat relates to the stored runtime row (docs/operations.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IncarnationVerdict {
     /// No row yet, or the same process.

@@ -1,5 +1,5 @@
-//! The director's migrate service: evacuations and migrations (director.md §7) and the per-host
-//! sweep steps (§5.6). Each transaction locks the assignment row first, then the host's rows, then
+//! The director's migrate service: evacuations and migrations (docs/operations.md) and the per-host
+//! sweep steps. Each transaction locks the assignment row first, then the host's rows, then
 //! the cells it touches in one statement (through the store's primitives), asks the pure rules and
 //! writes what they decide; events are logged after commit.
 
@@ -29,12 +29,12 @@ pub const MIGRATION_MAX_AGE_MS: i64 = 86_400_000;
 pub const RESERVATION_LATE_GRACE_MS: i64 = 600_000;
 /// Age past expiry at which `release-expired-region-decisions` deletes a decision.
 pub const REGION_DECISION_RETENTION_MS: i64 = 30 * 86_400_000;
-/// Items per sweep step (§5.6).
+/// Items per sweep step.
 pub const SWEEP_BATCH: i64 = 100;
 /// Expired leases per `release-expired-activity-leases` pass.
 pub const EXPIRED_LEASE_BATCH: i64 = 500;
 
-/// The Migration object of §3.8.
+/// The Migration object.
 pub fn migration_json(m: &Migration) -> Json {
     json!({
         "userId": m.host.user_id,
@@ -79,6 +79,12 @@ impl RetryClass for MigrationError {
             _ => None,
         }
     }
+    fn db_error(&self) -> Option<&crate::store::DbError> {
+        match self {
+            MigrationError::Db(e) => Some(e),
+            _ => None,
+        }
+    }
 }
 
 fn busy(e: DbError) -> MigrationError {
@@ -93,8 +99,8 @@ async fn lock_host(tx: &mut Tx, host: &HostKey) -> Result<Option<HostView>, Migr
     lock_host_rows(tx, host, None).await.map_err(busy)
 }
 
-/// `evacuate` (§7.1) to `target_cell_id`; `target_cell_id` = `None` picks `select(source region,
-/// require)` else `select(¬source region)` among candidates for the host's units + 1 (§7.5).
+/// `evacuate` to `target_cell_id`; `target_cell_id` = `None` picks `select(source region,
+/// require)` else `select(¬source region)` among candidates for the host's units + 1.
 pub async fn evacuate(
     db: &Db,
     host: &HostKey,
@@ -106,6 +112,8 @@ pub async fn evacuate(
     })
 }
 
+/// One evacuation: an open migration to the same target answers itself (idempotent); otherwise
+/// the cells are picked, the move checked, then written, and the new migration returned.
 async fn evacuate_tx(
     tx: &mut Tx,
     host: &HostKey,
@@ -127,63 +135,112 @@ async fn evacuate_tx(
     let source_id = hv.row.cell_id.clone();
     let src = hv.units_on(&source_id);
     tx.set_lock_timeout(CELL_WAIT_MS).await?;
-    let (source, target): (Option<CellView>, CellView) = match target_cell_id {
-        Some(t) => {
-            let cells = cells::views(Reader::Tx(tx), Which::Pair(&source_id, t), true).await?;
-            let target = cells
-                .iter()
-                .find(|c| c.cell_id == t)
-                .cloned()
-                .ok_or(MigrationError::CellNotFound)?;
-            if t == source_id {
-                return Err(MigrationError::Refused("target_matches_source"));
-            }
-            (cells.into_iter().find(|c| c.cell_id == source_id), target)
-        }
-        None => {
-            let cells = cells::views(Reader::Tx(tx), Which::All, true).await?;
-            let source = cells.iter().find(|c| c.cell_id == source_id).cloned();
-            let region = source
-                .as_ref()
-                .map(|c| c.region.clone())
-                .unwrap_or_default();
-            let target = select(
-                &cells,
-                Scope::Require(&region),
-                src + 1,
-                Some(&source_id),
-                now,
-            )
-            .or_else(|| {
-                select(
-                    &cells,
-                    Scope::Outside(&region),
-                    src + 1,
-                    Some(&source_id),
-                    now,
-                )
-            })
-            .cloned()
-            .ok_or(MigrationError::Refused("target_cell_unavailable"))?;
-            (source, target)
-        }
-    };
-    if !target.admission.enabled() || !target.live(now) {
-        return Err(MigrationError::Refused("target_cell_unavailable"));
-    }
-    if !source.as_ref().is_some_and(|s| s.live(now)) {
-        return Err(MigrationError::Refused("source_cell_unavailable"));
-    }
-    if !target.headroom(now) {
-        return Err(MigrationError::Refused(
-            "relay_connection_headroom_exhausted",
-        ));
-    }
-    if target.reserved_requests + src + 1 > target.capacity_requests {
-        return Err(MigrationError::Refused("relay_capacity_exhausted"));
+    let (source, target) = evacuation_cells(tx, &source_id, target_cell_id, src, now).await?;
+    if let Some(refusal) = evacuation_refusal(source.as_ref(), &target, src, now) {
+        return Err(MigrationError::Refused(refusal));
     }
     let e = hv.row.assignment_epoch + 1;
-    release_epoch_reservations(tx, host, hv.row.assignment_epoch, now).await?;
+    write_evacuation(
+        tx,
+        host,
+        hv.row.assignment_epoch,
+        (source.as_ref(), &source_id),
+        &target,
+        src,
+        now,
+    )
+    .await?;
+    let r = rows::read(tx, host, e)
+        .await?
+        .ok_or(MigrationError::Refused("migration_not_found"))?;
+    Ok(migration_json(&r))
+}
+
+/// The source cell (if it still exists) and the target: the named one, or the best cell for
+/// the host's units + 1 inside the source's region, else outside it.
+async fn evacuation_cells(
+    tx: &mut Tx,
+    source_id: &str,
+    target_cell_id: Option<&str>,
+    src: i64,
+    now: i64,
+) -> Result<(Option<CellView>, CellView), MigrationError> {
+    if let Some(t) = target_cell_id {
+        let cells = cells::views(Reader::Tx(tx), Which::Pair(source_id, t), true).await?;
+        let target = cells
+            .iter()
+            .find(|c| c.cell_id == t)
+            .cloned()
+            .ok_or(MigrationError::CellNotFound)?;
+        if t == source_id {
+            return Err(MigrationError::Refused("target_matches_source"));
+        }
+        return Ok((cells.into_iter().find(|c| c.cell_id == source_id), target));
+    }
+    let cells = cells::views(Reader::Tx(tx), Which::All, true).await?;
+    let source = cells.iter().find(|c| c.cell_id == source_id).cloned();
+    let region = source
+        .as_ref()
+        .map(|c| c.region.clone())
+        .unwrap_or_default();
+    let target = select(
+        &cells,
+        Scope::Require(&region),
+        src + 1,
+        Some(source_id),
+        now,
+    )
+    .or_else(|| {
+        select(
+            &cells,
+            Scope::Outside(&region),
+            src + 1,
+            Some(source_id),
+            now,
+        )
+    })
+    .cloned()
+    .ok_or(MigrationError::Refused("target_cell_unavailable"))?;
+    Ok((source, target))
+}
+
+/// Why the move of `src` units (+1 for the control) from `source` to `target` is refused, if it
+/// is: both cells live, the target admitting with connection headroom and request capacity.
+fn evacuation_refusal(
+    source: Option<&CellView>,
+    target: &CellView,
+    src: i64,
+    now: i64,
+) -> Option<&'static str> {
+    if !target.admission.enabled() || !target.live(now) {
+        return Some("target_cell_unavailable");
+    }
+    if !source.is_some_and(|s| s.live(now)) {
+        return Some("source_cell_unavailable");
+    }
+    if !target.headroom(now) {
+        return Some("relay_connection_headroom_exhausted");
+    }
+    if target.reserved_requests + src + 1 > target.capacity_requests {
+        return Some("relay_capacity_exhausted");
+    }
+    None
+}
+
+/// The evacuation's writes at the next epoch: the old epoch's reservations released, the row
+/// moved, the target charged, its `control-pending` and `migration` leases, a connection
+/// reservation on a capped target, the evacuation record and the row's counters.
+async fn write_evacuation(
+    tx: &mut Tx,
+    host: &HostKey,
+    previous_epoch: i64,
+    (source, source_id): (Option<&CellView>, &str),
+    target: &CellView,
+    src: i64,
+    now: i64,
+) -> Result<(), MigrationError> {
+    let e = previous_epoch + 1;
+    release_epoch_reservations(tx, host, previous_epoch, now).await?;
     let deadline = now + EVACUATION_WINDOW_MS;
     move_row(tx, host, &target.cell_id, e, None, now).await?;
     if !charge_cell(tx, &target.cell_id, src + 1, now).await? {
@@ -215,7 +272,6 @@ async fn evacuate_tx(
         reserve_connection(tx, host, e, &target.cell_id, now).await?;
     }
     let incarnation = source
-        .as_ref()
         .and_then(|s| s.runtime.as_ref())
         .map(|r| r.cell_incarnation.clone());
     rows::insert_evacuation(
@@ -223,10 +279,10 @@ async fn evacuate_tx(
         host,
         &NewEvacuation {
             assignment_epoch: e,
-            source_cell_id: &source_id,
+            source_cell_id: source_id,
             source_cell_incarnation: incarnation.as_deref(),
             target_cell_id: &target.cell_id,
-            previous_epoch: hv.row.assignment_epoch,
+            previous_epoch,
             source_request_units: src,
             target_reserved_units: src + 1,
             deadline,
@@ -235,13 +291,10 @@ async fn evacuate_tx(
     )
     .await?;
     refresh_row(tx, host, Some(now), now).await?;
-    let r = rows::read(tx, host, e)
-        .await?
-        .ok_or(MigrationError::Refused("migration_not_found"))?;
-    Ok(migration_json(&r))
+    Ok(())
 }
 
-/// `evacuate-cell` (§7.5): `(started, skipped, remaining)`.
+/// `evacuate-cell`: `(started, skipped, remaining)`.
 pub async fn evacuate_cell(
     db: &Db,
     source_id: &str,
@@ -282,7 +335,7 @@ pub async fn evacuate_cell(
     Ok((started, skipped, remaining))
 }
 
-/// `migration-complete` (§7.3).
+/// `migration-complete`.
 pub async fn complete(
     db: &Db,
     host: &HostKey,
@@ -314,7 +367,7 @@ async fn complete_tx(
     Ok(migration_json(&r))
 }
 
-/// The §7.3 conditions after "exists and open".
+/// The conditions after "exists and open".
 async fn completion_check(
     tx: &mut Tx,
     hv: &HostView,
@@ -374,7 +427,7 @@ async fn settle(
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Sweep steps (§5.6). Each returns (done, skipped-busy).
+// Sweep steps. Each returns (done, skipped-busy).
 
 /// Outcome of one sweep step.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -540,7 +593,7 @@ pub async fn expire_aged(db: &Db, now: i64) -> Result<SweepCount, DbError> {
         for l in doomed {
             delete_lease(tx, &host, l, now).await?;
         }
-        // An idle-rehome attempt is aborted, not completed, by the aged settle (§7.4, §8.6).
+        // An idle-rehome attempt is aborted, not completed, by the aged settle.
         crate::store::region::abort_attempt(tx, &host, epoch, "max_refresh_expired", now).await?;
         rows::mark_completed(tx, &host, epoch, now).await?;
         refresh_row(tx, &host, None, now).await?;

@@ -1,5 +1,5 @@
 //! The director role: placement, heartbeats and liveness, rolling restarts, fences, evacuations
-//! (director.md), plus `POST /v1/host-token` (protocol.md §2.1).
+//! (docs/reference/http.md, docs/deploy/cluster.md), plus `POST /v1/host-token` (docs/reference/http.md).
 //!
 //! Decisions are pure functions (`liveness`, `placement`); durable work is in `store::{cells,
 //! placement, assignments, migrations}`; this module and `routes` are the glue.
@@ -18,11 +18,13 @@ pub mod rehome_worker;
 pub mod rejections;
 pub mod routes;
 pub mod sweeps;
+pub mod web;
 
 use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 use warp::filters::BoxedFilter;
+use warp::Filter;
 
 use crate::app::Ctx;
 use crate::contract::overview::PushOverview;
@@ -40,7 +42,7 @@ use rejections::RejectLog;
 /// The director of this process.
 pub struct Director {
     pub ctx: Ctx,
-    /// K of protocol.md §2.1: the HS256 key of self-hosted host tokens.
+    /// K of docs/reference/http.md: the HS256 key of self-hosted host tokens.
     pub host_token_key: [u8; 32],
     pub verifier: HostTokenVerifier,
     pub placement_lane: Arc<Lane>,
@@ -53,7 +55,7 @@ pub struct Director {
     pub redirect_admission: connect_redirect::RedirectAdmission,
     stop: CancellationToken,
     sweeps: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    /// The idle-rehome worker (§8.3), when it runs.
+    /// The idle-rehome worker, when it runs.
     rehome_worker: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// The overview's `push` section, when the push role runs in this process.
     push_overview: std::sync::OnceLock<Arc<dyn PushOverview>>,
@@ -78,6 +80,7 @@ impl Director {
             _ => None,
         };
         let cfg = &ctx.config;
+        ctx.metrics.zero_regions(&cfg.regions);
         let resolve_cfg = crate::config::LaneConfig {
             concurrency: 1,
             queue_max: 128,
@@ -173,6 +176,10 @@ impl Director {
             Err(BeatError::Refused(code)) => code,
             Err(BeatError::Db(_)) => "database_unavailable",
         };
+        debug_assert!(
+            crate::metrics::labels::known(crate::metrics::labels::HEARTBEAT_OUTCOMES, outcome),
+            "{outcome}"
+        );
         self.ctx
             .metrics
             .heartbeats
@@ -204,10 +211,13 @@ impl Director {
     /// The director's HTTP routes.
     pub fn routes(self: &Arc<Self>) -> BoxedFilter<(Response,)> {
         routes::all(self.clone())
+            .or(admin::routes(self.clone()))
+            .unify()
+            .boxed()
     }
 
     /// `/v1/connect/<relayHostId>` on a director without a cell: the invite redirect of
-    /// protocol.md §5.5.
+    /// docs/reference/websocket.md.
     pub async fn connect_redirect(
         self: &Arc<Self>,
         req: http::Request<hyper::body::Incoming>,

@@ -1,4 +1,4 @@
-//! Placement decisions (director.md §5.1–§5.2, §6) as pure functions over plain rows and `now`.
+//! Placement decisions (ARCHITECTURE.md / docs/deploy/cluster.md) as pure functions over plain rows and `now`.
 //!
 //! The store locks rows and feeds them here; what comes back says what to write. Keeping every
 //! rule here (dormant, stranded, roll-isolated, roll-replaced, fences, ranking) means the rules are
@@ -10,13 +10,13 @@ use super::liveness::{Admission, Cause, CellView, HEARTBEAT_TTL_MS};
 pub use crate::model::assignment::HostView;
 use crate::model::{ActivityId, AssignmentRow};
 
-/// Dormancy: no lease and no activity for 24 h (director.md §5.1).
+/// Dormancy: no lease and no activity for 24 h (ARCHITECTURE.md).
 pub const DORMANT_AFTER_MS: i64 = 86_400_000;
 /// Stranded window on a decommissioning home.
 pub const STRANDED_MIN_MS: i64 = 60_000;
 pub const STRANDED_MAX_MS: i64 = 900_000;
 
-/// Dormancy (§5.1) of an assignment row: all six counters 0 and a day without activity. The one
+/// Dormancy of an assignment row: all six counters 0 and a day without activity. The one
 /// statement of the rule; the operator overview counts rows with it too.
 pub fn dormant(row: &AssignmentRow, now: i64) -> bool {
     row.counters.is_zero() && now >= row.last_activity_at + DORMANT_AFTER_MS
@@ -53,6 +53,16 @@ impl HostView {
                 .any(|l| l.expires_at > now && !is_pending(&l.activity_id))
     }
 
+    /// An activated control (`control:<X>:<g>`) whose lease on X has not expired: as far as the
+    /// store knows, X is serving the host right now.
+    pub fn serving_control_on(&self, cell_id: &str, now: i64) -> bool {
+        self.leases.iter().any(|l| {
+            l.expires_at > now
+                && matches!(ActivityId::parse(&l.activity_id),
+                    Some(ActivityId::Control { cell_id: c, .. }) if c == cell_id)
+        })
+    }
+
     /// A `control-pending:<current epoch>` lease on X, or a `control:<X>:<g>` lease.
     pub fn holds_control_on(&self, cell_id: &str) -> bool {
         let epoch = self.row.assignment_epoch;
@@ -65,7 +75,7 @@ impl HostView {
             })
     }
 
-    /// §6.2: the home carries a live roll stamp and the host has no migration lease or open
+    ///: the home carries a live roll stamp and the host has no migration lease or open
     /// migration. Liveness is ignored.
     pub fn roll_isolated(&self, home: Option<&CellView>, now: i64) -> bool {
         home.is_some_and(|h| h.roll_stamp_active(now))
@@ -73,7 +83,7 @@ impl HostView {
             && self.open_migration.is_none()
     }
 
-    /// §6.5: the process heartbeating for a roll-isolated home started after the stamp, is fresh
+    ///: the process heartbeating for a roll-isolated home started after the stamp, is fresh
     /// and, on a capped cell, reports no connection at all in telemetry stored within 45 s.
     pub fn roll_replaced(&self, home: Option<&CellView>, now: i64) -> bool {
         if !self.roll_isolated(home, now) {
@@ -115,7 +125,7 @@ fn is_pending(activity_id: &str) -> bool {
     )
 }
 
-/// Candidate for `n` units (§5.1).
+/// Candidate for `n` units.
 pub fn candidate(cell: &CellView, n: i64, now: i64) -> bool {
     cell.admission == Admission::General
         && cell.live(now)
@@ -173,7 +183,7 @@ pub fn select<'a>(
     }
 }
 
-/// Refusals of `assign` (rows 8–10 of §3.2).
+/// Refusals of `assign` (rows 8–10).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
     CapacityExhausted,
@@ -208,7 +218,7 @@ pub fn no_target(cells: &[CellView], n: i64, exclude: Option<&str>, now: i64) ->
     }
 }
 
-/// Kinds of move (§5.3).
+/// Kinds of move.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MoveKind {
     /// A new row, or a dormant host placed anew.
@@ -231,12 +241,12 @@ impl MoveKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     /// A.5: the host holds a control on its home: extend and grant the same epoch.
-    /// `deferred`: an isolated move found no target (§6.3).
+    /// `deferred`: an isolated move found no target.
     Grant {
         deferred: bool,
     },
     /// A.7: charge 1 on the home (re-checked under the home row lock) and grant the same epoch.
-    /// `deferred`: an isolated move found no target (§6.3).
+    /// `deferred`: an isolated move found no target.
     ChargeHome {
         deferred: bool,
     },
@@ -270,7 +280,17 @@ pub fn decide_sticky(host: &HostView, home: Option<&CellView>, now: i64) -> Opti
     Some(Decision::ChargeHome { deferred: false })
 }
 
-/// The full decision (P and M of §5.2) with every cell row at hand. `host` is `None` for a host
+/// The dead-cell sweep's spare (`AssignOptions::spare_serving`): a move off a home that is not
+/// live but still holds the host's unexpired control lease, which the sweep leaves alone. A
+/// valid fence (the operator's word that the process is gone) lifts it.
+pub fn spared(hv: &HostView, cells: &[CellView], d: &Decision, now: i64) -> bool {
+    let home_id = hv.row.cell_id.as_str();
+    let home = cells.iter().find(|c| c.cell_id == home_id);
+    let gone = home.is_some_and(|c| c.live(now) || c.fence_valid(now));
+    matches!(d, Decision::Move { .. }) && !gone && hv.serving_control_on(home_id, now)
+}
+
+/// The full decision (P and M) with every cell row at hand. `host` is `None` for a host
 /// without a row.
 pub fn decide(
     host: Option<&HostView>,
@@ -324,7 +344,7 @@ pub fn decide(
     if live {
         return pin(host, home, cells, placement_region, false, now);
     }
-    // 5. Dead-cell path (§6.4).
+    // 5. Dead-cell path.
     let capped = home.is_some_and(|h| h.capped());
     let fence_required = capped || host.open_migration.is_some();
     if fence_required && !home.is_some_and(|h| h.fence_valid(now)) {
@@ -434,6 +454,41 @@ mod tests {
             leases,
             open_migration: None,
         }
+    }
+
+    #[test]
+    fn a_dead_home_still_holding_an_unexpired_control_is_spared_by_the_sweep() {
+        let serving = host("A", 3, vec![lease("control:A:2", "A", 1, 10_000)]);
+        assert!(serving.serving_control_on("A", NOW));
+        assert!(!serving.serving_control_on("B", NOW));
+        let lapsed = host("A", 3, vec![lease("control:A:2", "A", 1, -1)]);
+        assert!(!lapsed.serving_control_on("A", NOW));
+        let pending = host("A", 3, vec![lease("control-pending:3", "A", 1, 10_000)]);
+        assert!(!pending.serving_control_on("A", NOW));
+
+        // A heard from 60 s ago (past the 45 s TTL): the rule moves the host to B, and the
+        // sweep's spare applies only while A's control lease is unexpired.
+        let mut cells = fleet();
+        cells[0].runtime = Some(runtime(true, 60_000));
+        let d = decide(Some(&serving), &cells, US, NOW);
+        assert!(matches!(d, Decision::Move { .. }), "{d:?}");
+        assert!(spared(&serving, &cells, &d, NOW));
+        let d = decide(Some(&lapsed), &cells, US, NOW);
+        assert!(!spared(&lapsed, &cells, &d, NOW));
+        // A valid fence (the operator says the process is gone) lifts the spare.
+        let mut fenced = cells.clone();
+        fenced[0].admission = Admission::ExistingOnly;
+        fenced[0].fence = Some(Fence {
+            cell_incarnation: "inc-1".into(),
+            attested_at: NOW - 1_000,
+            expires_at: NOW + 200_000,
+        });
+        let d = decide(Some(&serving), &fenced, US, NOW);
+        assert!(!spared(&serving, &fenced, &d, NOW));
+        // A live home is never a spare case (no move happens there).
+        let live = fleet();
+        let d = decide(Some(&serving), &live, US, NOW);
+        assert!(!spared(&serving, &live, &d, NOW));
     }
 
     fn fleet() -> Vec<CellView> {
@@ -649,7 +704,7 @@ mod tests {
         assert!(!h.roll_isolated(None, NOW));
     }
 
-    // The seed change (§6.5, §6.6): each residual refusal and the move.
+    // The seed change: each residual refusal and the move.
 
     #[test]
     fn roll_replaced_moves_off_not_ready_new_process() {

@@ -1,4 +1,4 @@
-//! The director's glue of idle regional correction (director.md §8.1, §8.2, §3.8): the
+//! The director's glue of idle regional correction (docs/reference/http.md): the
 //! `regionCorrection` exchange after a grant, the `regional-rehome-control` route, the HostView's
 //! `regionDecision` and the periodic outcomes line. The rules and transactions are in
 //! `crate::rehome`.
@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use http::StatusCode;
 use serde_json::{json, Value as Json};
 
-use super::routes::db_unavailable;
+use super::web::db_unavailable;
 use super::Director;
 use crate::http::{self as h, Response};
 use crate::rehome::rules::{self, ControlRequest, RegionCorrection};
@@ -17,10 +17,10 @@ use crate::store::assignments::HostKey;
 use crate::store::region;
 use crate::{clock, logging};
 
-/// Interval of the `orca_relay_region_correction_outcomes` line (§8.6).
+/// Interval of the `orca_relay_region_correction_outcomes` line.
 pub const OUTCOMES_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
 
-/// Window of the worker's in-memory `deferred` count shown by the overview (operations.md §3).
+/// Window of the worker's in-memory `deferred` count shown by the overview (docs/reference/http.md).
 pub const DEFERRED_WINDOW_MS: i64 = 86_400_000;
 /// Bucket width of that count: 24 h in 1 440 one-minute buckets, so the memory is bounded however
 /// many answers arrive.
@@ -28,7 +28,7 @@ const BUCKET_MS: i64 = 60_000;
 const BUCKETS: usize = (DEFERRED_WINDOW_MS / BUCKET_MS) as usize;
 
 /// The `deferred` answers this process's idle-rehome worker received in the trailing 24 h
-/// (operations.md §3 `regionalRehome.deferred`: in memory, per process, lost on restart). The
+/// (docs/reference/http.md `regionalRehome.deferred`: in memory, per process, lost on restart). The
 /// worker calls [`DeferredTally::record`] for every `deferred` answer of a cell; the overview reads
 /// [`DeferredTally::since`]. Counted per minute: an answer leaves the count between 24 h and
 /// 24 h + 1 min after it arrived.
@@ -71,7 +71,7 @@ pub fn log_events(events: Vec<Event>) {
 }
 
 impl Director {
-    /// The exchange of §8.1 after a grant at `epoch` on a home in `home_region`. A failed
+    /// The exchange of after a grant at `epoch` on a home in `home_region`. A failed
     /// `issue-window` is swallowed (`Ok(None)` and the unavailable line); a failed `report` fails the
     /// request.
     pub(crate) async fn region_correction(
@@ -181,7 +181,7 @@ impl Director {
     }
 }
 
-/// The HostView's `regionDecision` (§3.8), `null` without a decision.
+/// The HostView's `regionDecision`, `null` without a decision.
 pub async fn region_decision_json(
     db: &crate::store::Db,
     host: &HostKey,

@@ -1,8 +1,8 @@
-//! The director's idle-rehome worker (director.md §8.3): every 6 s ± 20 % (the period is
+//! The director's idle-rehome worker (docs/reference/http.md): every 6 s ± 20 % (the period is
 //! `ORCA_RELAY_REGION_REHOME_POLL_MS`, shorter only for tests and benchmarks) it checks the gates,
 //! reads one rotating page of hosts with a conclusive preference for another region, selects the
 //! candidates and dispatches each, in key order, to its source cell's `POST
-//! /v1/admin/host-idle-rehome` (protocol.md §13), sorting every answer by the answer table.
+//! /v1/admin/host-idle-rehome` (docs/reference/http.md), sorting every answer by the answer table.
 //!
 //! Why it looks like this:
 //! - **Single-flight** within the process is the loop itself (the next wait starts after the poll
@@ -11,7 +11,7 @@
 //!   only one walks at a time, so two directors never dispatch the same page at once. A director
 //!   that finds the lease held skips that tick silently (it did not poll, so it logs no summary).
 //! - **Selection proves nothing**: every read is plain and may be stale; the source cell proves
-//!   idleness and the store re-checks everything under its locks (§8.4). The worker only avoids
+//!   idleness and the store re-checks everything under its locks. The worker only avoids
 //!   useless dispatches.
 //! - **Decisions are pure** ([`rules::poll_gate`], [`rules::candidate`],
 //!   [`rules::classify_answer`], [`rules::SkipList`]); this module only reads, posts and logs.
@@ -161,31 +161,16 @@ impl Worker {
                 stopped_by: gate,
             });
         }
-        let region_name = d.ctx.config.region.as_str();
         let page = self.next_page(db).await?;
-        let mut candidates: Vec<Candidate> = Vec::new();
-        for p in &page {
-            let mut facts = HostFacts {
-                user_id: &p.host.user_id,
-                relay_host_id: &p.host.relay_host_id,
-                home_cell_id: &p.cell_id,
-                assignment_epoch: p.assignment_epoch,
-                decision: &p.decision,
-                leases: &[],
-                open_migration: false,
-                latest_attempt_at: None,
-            };
-            if !rules::prefilter(&facts, &cells, &control, region_name, now) {
-                continue;
-            }
-            let leases = region::read_leases(db, &p.host).await?;
-            facts.leases = &leases;
-            facts.open_migration = region::has_open_migration(db, &p.host).await?;
-            facts.latest_attempt_at = region::latest_attempt_at(db, &p.host).await?;
-            if let Some(c) = rules::candidate(&facts, &cells, &control, region_name, now) {
-                candidates.push(c);
-            }
-        }
+        let candidates = candidates_of(
+            db,
+            &page,
+            &cells,
+            &control,
+            d.ctx.config.region.as_str(),
+            now,
+        )
+        .await?;
         summary.candidates = candidates.len();
         let mut stopped_by = "exhausted";
         for c in &candidates {
@@ -205,63 +190,79 @@ impl Worker {
             };
             summary.dispatched += 1;
             let answer = self.dispatch(c, control.cohort_percent, &safety, at).await;
-            match answer {
-                (DispatchAnswer::Committed, _) => {
-                    summary.committed += 1;
-                    self.skip.answered(id);
-                    logging::event(
-                        "orca_relay_idle_rehome_committed",
-                        json!({"attemptId": id, "sourceCellId": c.request.source_cell_id,
-                            "targetCellId": c.request.target_cell_id}),
-                    );
-                    if let Some((name, fields)) =
-                        service::record_dispatch(db, false, now_ms()).await?
-                    {
-                        logging::event(name, fields);
-                    }
-                    stopped_by = "committed";
-                    break;
-                }
-                (DispatchAnswer::Stop(reason), _) => {
-                    summary.deferred += 1;
-                    d.rehome_deferred.record(now_ms());
-                    self.skip.answered(id);
-                    stopped_by = reason;
-                    break;
-                }
-                (DispatchAnswer::Next(bucket), _) => {
-                    match bucket {
-                        "busy" => summary.busy += 1,
-                        "stale" => summary.stale += 1,
-                        _ => {
-                            summary.deferred += 1;
-                            d.rehome_deferred.record(now_ms());
-                        }
-                    }
-                    self.skip.answered(id);
-                }
-                (DispatchAnswer::Ambiguous, error) => {
-                    summary.failed += 1;
-                    request_failed(c, error);
-                }
-                (DispatchAnswer::Failed, error) => {
-                    summary.failed += 1;
-                    request_failed(c, error);
-                    let t = now_ms();
-                    self.skip.failed(id, t);
-                    if let Some((name, fields)) = service::record_dispatch(db, true, t).await? {
-                        // The budget is spent: the control is now disabled.
-                        logging::event_warn(name, fields);
-                        stopped_by = "control-closed";
-                        break;
-                    }
-                }
+            if let Some(stop) = self.on_answer(d, c, answer, &mut summary).await? {
+                stopped_by = stop;
+                break;
             }
         }
         Ok(Walked {
             summary,
             stopped_by,
         })
+    }
+
+    /// Counts one dispatch's answer and acts on it (the skip list, the committed event and the
+    /// dispatch record, a failed dispatch's budget). `Some(reason)` ends the walk.
+    async fn on_answer(
+        &mut self,
+        d: &Director,
+        c: &Candidate,
+        answer: (DispatchAnswer, &'static str),
+        summary: &mut PollSummary,
+    ) -> Result<Option<&'static str>, DbError> {
+        let db = &d.ctx.db;
+        let id = c.request.attempt_id.as_str();
+        match answer {
+            (DispatchAnswer::Committed, _) => {
+                summary.committed += 1;
+                self.skip.answered(id);
+                logging::event(
+                    "orca_relay_idle_rehome_committed",
+                    json!({"attemptId": id, "sourceCellId": c.request.source_cell_id,
+                        "targetCellId": c.request.target_cell_id}),
+                );
+                for (name, fields) in service::record_dispatch(db, false, now_ms()).await? {
+                    logging::event(name, fields);
+                }
+                return Ok(Some("committed"));
+            }
+            (DispatchAnswer::Stop(reason), _) => {
+                summary.deferred += 1;
+                d.rehome_deferred.record(now_ms());
+                self.skip.answered(id);
+                return Ok(Some(reason));
+            }
+            (DispatchAnswer::Next(bucket), _) => {
+                match bucket {
+                    "busy" => summary.busy += 1,
+                    "stale" => summary.stale += 1,
+                    _ => {
+                        summary.deferred += 1;
+                        d.rehome_deferred.record(now_ms());
+                    }
+                }
+                self.skip.answered(id);
+            }
+            (DispatchAnswer::Ambiguous, error) => {
+                summary.failed += 1;
+                request_failed(c, error);
+            }
+            (DispatchAnswer::Failed, error) => {
+                summary.failed += 1;
+                request_failed(c, error);
+                let t = now_ms();
+                self.skip.failed(id, t);
+                let spent = service::record_dispatch(db, true, t).await?;
+                if !spent.is_empty() {
+                    // The budget is spent: the control is now disabled.
+                    for (name, fields) in spent {
+                        logging::event_warn(name, fields);
+                    }
+                    return Ok(Some("control-closed"));
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// One page of ≤ 50 distinct hosts after the previous page's last key, wrapping at the end
@@ -351,6 +352,42 @@ fn status_error(status: u16) -> &'static str {
         504 => "http_504",
         _ => "http_other",
     }
+}
+
+/// The page's hosts that are candidates now: the cheap prefilter on the page's facts first, then
+/// the host's leases, open migration and latest attempt read for the full rule.
+async fn candidates_of(
+    db: &Db,
+    page: &[region::PageHost],
+    cells: &[rules::CellFacts],
+    control: &region::Control,
+    region_name: &str,
+    now: i64,
+) -> Result<Vec<Candidate>, DbError> {
+    let mut candidates: Vec<Candidate> = Vec::new();
+    for p in page {
+        let mut facts = HostFacts {
+            user_id: &p.host.user_id,
+            relay_host_id: &p.host.relay_host_id,
+            home_cell_id: &p.cell_id,
+            assignment_epoch: p.assignment_epoch,
+            decision: &p.decision,
+            leases: &[],
+            open_migration: false,
+            latest_attempt_at: None,
+        };
+        if !rules::prefilter(&facts, cells, control, region_name, now) {
+            continue;
+        }
+        let leases = region::read_leases(db, &p.host).await?;
+        facts.leases = &leases;
+        facts.open_migration = region::has_open_migration(db, &p.host).await?;
+        facts.latest_attempt_at = region::latest_attempt_at(db, &p.host).await?;
+        if let Some(c) = rules::candidate(&facts, cells, control, region_name, now) {
+            candidates.push(c);
+        }
+    }
+    Ok(candidates)
 }
 
 fn request_failed(c: &Candidate, error: &str) {

@@ -1,5 +1,5 @@
 //! The `assignment rejected` log line with its per-`route:lane:reason` 10 s rate limiter
-//! (director.md §6.7).
+//! (docs/deploy/cluster.md).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -1,4 +1,4 @@
-//! HTTP glue of the director (director.md §3): authentication, body limits, strict schemas, lanes,
+//! HTTP glue of the director (docs/reference/http.md): authentication, body limits, strict schemas, lanes,
 //! then the store operations. Every refusal is a concrete response with the spec's status, code
 //! and headers.
 
@@ -6,7 +6,6 @@
 // `http::parse`; boxing it would only add noise.
 #![allow(clippy::result_large_err)]
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,22 +19,22 @@ use super::assign::{self as sp, AssignError, AssignOptions};
 use super::heartbeat::{self, HeartbeatRefusal};
 use super::lanes::{LanePermit, LaneReject};
 use super::rejections::Rejection;
+use super::web::{bytes, db_unavailable, post};
 use super::Director;
 use crate::clock;
-use crate::contract::errors;
-use crate::contract::limits::RELAY_BODY_MAX;
 use crate::contract::wire::{CellHeartbeat, CellRehomeStatus};
 use crate::crypto;
 use crate::director::placement::Refusal;
 use crate::http::{self as h, Body, Response};
+use crate::metrics::labels;
 use crate::rehome::rules::RegionCorrection;
 use crate::store::assignments::HostKey;
 
 const UNAVAILABLE: &str = "assignments_temporarily_unavailable";
 
-/// Every director route.
+/// The public and node director routes (the operator routes are `admin::routes`).
 pub fn all(d: Arc<Director>) -> BoxedFilter<(Response,)> {
-    let r = super::host_token::route(d.clone())
+    super::host_token::route(d.clone())
         .or(post(d.clone(), "/v1/assign", |d, hd, b| async move {
             let t = Instant::now();
             let r = d.clone().assign_route(hd, b).await;
@@ -62,53 +61,9 @@ pub fn all(d: Arc<Director>) -> BoxedFilter<(Response,)> {
             |d, hd, b| async move { d.rehome_status_route(hd, b).await },
         ))
         .unify()
-        .or(regions_route(d.clone()))
+        .or(regions_route(d))
         .unify()
-        .boxed();
-    r.or(super::admin::routes(d)).unify().boxed()
-}
-
-/// `POST <path>` with headers and a body bounded at 4 096 bytes.
-pub(crate) fn post<F, Fut>(d: Arc<Director>, path: &'static str, f: F) -> BoxedFilter<(Response,)>
-where
-    F: Fn(Arc<Director>, HeaderMap, Body) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = Response> + Send + 'static,
-{
-    warp::path::full()
-        .and_then(move |p: warp::path::FullPath| async move {
-            if p.as_str() == path {
-                Ok(())
-            } else {
-                Err(warp::reject::not_found())
-            }
-        })
-        .untuple_one()
-        .and(warp::post())
-        .and(warp::header::headers_cloned())
-        .and(h::body(RELAY_BODY_MAX))
-        .then(move |hd: HeaderMap, b: Body| {
-            let d = d.clone();
-            let f = f.clone();
-            async move { f(d, hd, b).await }
-        })
         .boxed()
-}
-
-/// Body → bytes, or the 413/400 answer.
-pub(crate) fn bytes(b: Body) -> Result<bytes::Bytes, Response> {
-    match b {
-        Body::Ok(b) => Ok(b),
-        Body::TooLarge => Err(h::too_large()),
-        Body::Broken => Err(h::bad_request()),
-    }
-}
-
-pub(crate) fn db_unavailable() -> Response {
-    h::error_retry(
-        StatusCode::SERVICE_UNAVAILABLE,
-        errors::DATABASE_TEMPORARILY_UNAVAILABLE,
-        5,
-    )
 }
 
 #[derive(Deserialize)]
@@ -213,6 +168,10 @@ impl Director {
                 .get::<Outcome>()
                 .map_or("invalid_request", |o| o.0)
         };
+        debug_assert!(
+            labels::known(labels::ASSIGNMENT_OUTCOMES, outcome),
+            "{outcome}"
+        );
         m.assignments.with_label_values(&[route, outcome]).inc();
     }
 
@@ -267,7 +226,10 @@ impl Director {
                     UNAVAILABLE,
                 )
             }
-            AssignError::Restart | AssignError::NotSticky | AssignError::VerifyFailed(_) => {
+            AssignError::Restart
+            | AssignError::NotSticky
+            | AssignError::VerifyFailed(_)
+            | AssignError::Spared => {
                 self.reject(c, "database_unavailable", host, None);
                 coded(
                     h::error_retry(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, c.retry_after),
@@ -371,33 +333,7 @@ impl Director {
         let task_host = host.clone();
         let task = tokio::spawn(async move {
             let _permit = permit;
-            let host = task_host;
-            let db = &me.ctx.db;
-            let regions = &me.ctx.config.regions;
-            if report {
-                return match crate::store::assignments::read_row(db, &host).await {
-                    Ok(None) => Err(None),
-                    Ok(Some(_)) => sp::resolve(db, &host, regions)
-                        .await
-                        .map(|r| (r.cell_id, r.cell_url, r.assignment_epoch, None))
-                        .map_err(Some),
-                    Err(e) => Err(Some(AssignError::Db(e))),
-                };
-            }
-            let g = if sticky {
-                sp::assign_sticky(db, &host, preferred.as_deref(), regions).await
-            } else {
-                sp::assign(
-                    db,
-                    &host,
-                    preferred.as_deref(),
-                    regions,
-                    AssignOptions::default(),
-                )
-                .await
-            };
-            g.map(|g| (g.cell_id, g.cell_url, g.assignment_epoch, Some(g.region)))
-                .map_err(Some)
+            assign_work(&me, &task_host, preferred.as_deref(), report, sticky).await
         });
         let result = match task.await {
             Ok(r) => r,
@@ -592,7 +528,7 @@ impl Director {
         }
     }
 
-    /// §3.7, also used in-process.
+    ///, also used in-process.
     pub async fn rehome_status(&self, st: &CellRehomeStatus) -> Result<(), HeartbeatRefusal> {
         let now = clock::now_ms();
         let inc = st.cell_incarnation.to_ascii_lowercase();
@@ -618,7 +554,7 @@ fn is_b64u32(s: &str) -> bool {
     crypto::b64::is_b64u32(s)
 }
 
-/// `GET /v1/regions` (§3.5).
+/// `GET /v1/regions`.
 fn regions_route(d: Arc<Director>) -> BoxedFilter<(Response,)> {
     warp::path!("v1" / "regions")
         .and(warp::get())
@@ -680,4 +616,38 @@ struct Outcome(&'static str);
 fn coded(mut r: Response, code: &'static str) -> Response {
     r.extensions_mut().insert(Outcome(code));
     r
+}
+
+/// What an assign or a report's resolve placed: cell id, cell URL, epoch and (for an assign) the
+/// home region.
+type Placed = (String, String, i64, Option<String>);
+
+/// The lane's work: a region-correction report resolves the host's current assignment (`Err(None)`
+/// when it has none); otherwise a sticky or a placement assign.
+async fn assign_work(
+    me: &Director,
+    host: &HostKey,
+    preferred: Option<&str>,
+    report: bool,
+    sticky: bool,
+) -> Result<Placed, Option<AssignError>> {
+    let db = &me.ctx.db;
+    let regions = &me.ctx.config.regions;
+    if report {
+        return match crate::store::assignments::read_row(db, host).await {
+            Ok(None) => Err(None),
+            Ok(Some(_)) => sp::resolve(db, host, regions)
+                .await
+                .map(|r| (r.cell_id, r.cell_url, r.assignment_epoch, None))
+                .map_err(Some),
+            Err(e) => Err(Some(AssignError::Db(e))),
+        };
+    }
+    let g = if sticky {
+        sp::assign_sticky(db, host, preferred, regions).await
+    } else {
+        sp::assign(db, host, preferred, regions, AssignOptions::default()).await
+    };
+    g.map(|g| (g.cell_id, g.cell_url, g.assignment_epoch, Some(g.region)))
+        .map_err(Some)
 }

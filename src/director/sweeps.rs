@@ -1,4 +1,4 @@
-//! The sweep chain (director.md §5.6), every 30 s ± 20 % while the director runs
+//! The sweep chain (ARCHITECTURE.md), every 30 s ± 20 % while the director runs
 //! (`ORCA_RELAY_SWEEP_INTERVAL_MS`). Each step is
 //! isolated; items are locked NOWAIT and skipped when busy, so concurrent directors are safe.
 
@@ -21,11 +21,11 @@ use crate::store::{assignments, credentials};
 const INVITE_BATCH: i64 = 500;
 /// Rate windows are kept 24 h.
 const RATE_WINDOW_RETENTION_MS: i64 = 86_400_000;
-/// The dead-cell sweep waits up to 1 s for cell rows (director.md §2).
+/// The dead-cell sweep waits up to 1 s for cell rows (ARCHITECTURE.md).
 const DEAD_CELL_WAIT_MS: u64 = 1_000;
 
 /// Starts the loop; it stops when `stop` (or the process shutdown) is cancelled. The period is
-/// `ORCA_RELAY_SWEEP_INTERVAL_MS` ± 20 % (director.md §5.6: 30 s; shorter only in tests and
+/// `ORCA_RELAY_SWEEP_INTERVAL_MS` ± 20 % (ARCHITECTURE.md: 30 s; shorter only in tests and
 /// benchmarks).
 pub fn spawn(d: Arc<Director>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
     let every_ms = d.ctx.config.sweep_interval_ms as f64;
@@ -72,12 +72,26 @@ pub async fn run_once(d: &Director) {
     )
     .await
     {
-        for c in cells {
-            d.ctx
-                .metrics
-                .cell_live
+        let m = &d.ctx.metrics;
+        let mut ready: std::collections::BTreeMap<&str, i64> = d
+            .ctx
+            .config
+            .regions
+            .iter()
+            .map(|r| (r.as_str(), 0))
+            .collect();
+        for c in &cells {
+            let live = c.live(now);
+            m.cell_live
                 .with_label_values(&[&c.cell_id])
-                .set(c.live(now) as i64);
+                .set(live as i64);
+            if live && c.admission == crate::model::Admission::General {
+                *ready.entry(c.region.as_str()).or_default() += 1;
+            }
+        }
+        // `orca_relay_cells_ready{region}`: the cells a new host can be placed on.
+        for (region, n) in ready {
+            m.cells_ready.with_label_values(&[region]).set(n);
         }
     }
     report("refresh-migrations", m::refresh_migrations(db, now).await);
@@ -109,7 +123,7 @@ pub async fn run_once(d: &Director) {
     report("evacuate-dead-cells", evacuate_dead_cells(d, now).await);
     report("credential-cleanup", credential_cleanup(d, now).await);
     // An attempt aborted by any step (or by a forced move) disables the control, in a transaction
-    // of its own after the abort committed (§8.6).
+    // of its own after the abort committed.
     match crate::rehome::service::disable_after_aborts(&d.ctx.db, now).await {
         Ok(Some((name, fields))) => crate::logging::event(name, fields),
         Ok(None) => {}
@@ -134,7 +148,7 @@ async fn release_expired_leases(db: &crate::store::Db, now: i64) -> Result<Sweep
     }
 }
 
-/// `credential-cleanup` (protocol.md §7): expire invites (releasing their `invite-offer:*`
+/// `credential-cleanup` (docs/reference/websocket.md): expire invites (releasing their `invite-offer:*`
 /// activity), lapsed `reserved` invites → `cooldown`, deactivate bases past their deadline, consume
 /// lapsed direct authorizations, delete rate windows older than 24 h.
 async fn credential_cleanup(d: &Director, now: i64) -> Result<SweepCount, DbError> {
@@ -161,7 +175,7 @@ async fn credential_cleanup(d: &Director, now: i64) -> Result<SweepCount, DbErro
     Ok(count)
 }
 
-/// `evacuate-dead-cells` (§6.4): `assign` without a region hint and with a 1 000 ms cell-row wait,
+/// `evacuate-dead-cells`: `assign` without a region hint and with a 1 000 ms cell-row wait,
 /// no rejection lines.
 async fn evacuate_dead_cells(d: &Director, now: i64) -> Result<SweepCount, DbError> {
     let hosts = m::dead_cell_hosts(&d.ctx.db, now).await?;
@@ -175,6 +189,7 @@ async fn evacuate_dead_cells(d: &Director, now: i64) -> Result<SweepCount, DbErr
             &d.ctx.config.regions,
             AssignOptions {
                 cell_wait_ms: DEAD_CELL_WAIT_MS,
+                spare_serving: true,
             },
         )
         .await;
@@ -186,6 +201,8 @@ async fn evacuate_dead_cells(d: &Director, now: i64) -> Result<SweepCount, DbErr
             }
             Ok(_) => {}
             Err(AssignError::RowBusy) => count.skipped += 1,
+            // Still served there (an unexpired control lease): left until it ends or lapses.
+            Err(AssignError::Spared) => {}
             Err(_) => e.1 += 1,
         }
     }

@@ -1,9 +1,12 @@
-//! Pre-auth admission of phone and data legs (protocol.md §1.2): sockets awaiting their first
+//! Pre-auth admission of phone and data legs (docs/reference/websocket.md): sockets awaiting their first
 //! frame (45 cell-wide, 4 per source) and per-source attempt windows (30 per 60 s, 4 096 sources,
 //! least recently used evicted). Pure: the caller supplies the clock and the open-connection verdict.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
+
+use hashlink::LruCache;
 
 use crate::contract::limits;
 
@@ -32,25 +35,32 @@ impl Default for PreAuthLimits {
 struct Window {
     start: i64,
     count: u32,
-    seq: u64,
 }
 
 /// Pre-auth state of a cell.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PreAuth {
     limits: PreAuthLimits,
     awaiting: usize,
     awaiting_by_source: HashMap<String, usize>,
-    windows: HashMap<String, Window>,
-    lru: BTreeMap<u64, String>,
-    seq: u64,
+    /// Least recently used source first; SipHash because the keys come from clients.
+    windows: LruCache<String, Window, RandomState>,
+}
+
+impl Default for PreAuth {
+    fn default() -> Self {
+        PreAuth::new(PreAuthLimits::default())
+    }
 }
 
 impl PreAuth {
     pub fn new(limits: PreAuthLimits) -> PreAuth {
         PreAuth {
             limits,
-            ..Default::default()
+            awaiting: 0,
+            awaiting_by_source: HashMap::new(),
+            // At least one source, so the window just inserted is never the one evicted.
+            windows: LruCache::with_hasher(limits.sources.max(1), RandomState::new()),
         }
     }
 
@@ -59,7 +69,7 @@ impl PreAuth {
         self.awaiting
     }
 
-    /// Admits one attempt from `source` if every rule of §1.2 holds (`capacity_ok` = the
+    /// Admits one attempt from `source` if every rule of holds (`capacity_ok` = the
     /// open-connection rule); an admitted socket counts as awaiting until [`PreAuth::leave`].
     pub fn try_admit(&mut self, source: &str, now_ms: i64, capacity_ok: bool) -> bool {
         let by_source = self.awaiting_by_source.get(source).copied().unwrap_or(0);
@@ -69,33 +79,20 @@ impl PreAuth {
         {
             return false;
         }
-        self.seq += 1;
-        let seq = self.seq;
         let window_ms = self.limits.window_ms;
-        let w = match self.windows.get_mut(source) {
-            Some(w) => {
-                self.lru.remove(&w.seq);
-                w.seq = seq;
-                if now_ms - w.start >= window_ms {
-                    w.start = now_ms;
-                    w.count = 0;
-                }
-                w
-            }
-            None => {
-                if self.windows.len() >= self.limits.sources {
-                    if let Some((_, oldest)) = self.lru.pop_first() {
-                        self.windows.remove(&oldest);
-                    }
-                }
-                self.windows.entry(source.to_owned()).or_insert(Window {
-                    start: now_ms,
-                    count: 0,
-                    seq,
-                })
-            }
-        };
-        self.lru.insert(seq, source.to_owned());
+        // A touch (even a refused attempt) makes the source the most recently used.
+        if self.windows.get_mut(source).is_none() {
+            let fresh = Window {
+                start: now_ms,
+                count: 0,
+            };
+            self.windows.insert(source.to_owned(), fresh);
+        }
+        let w = self.windows.get_mut(source).expect("window just touched");
+        if now_ms - w.start >= window_ms {
+            w.start = now_ms;
+            w.count = 0;
+        }
         if w.count >= self.limits.attempts {
             return false;
         }

@@ -98,7 +98,7 @@ impl Boundary {
 }
 
 /// A socket that can tell whether its reader stands at a message boundary, and can shed state it
-/// only needs before authentication (implemented by [`super::preauth_io::PreAuthIo`]).
+/// only needs before authentication (the pre-auth reader, `preauth_io::PreAuthIo`, implements it).
 pub trait MessageBoundary {
     fn at_message_boundary(&self) -> bool;
     /// Drops what only the pre-auth phase needed (called once the socket is spliced).

@@ -1,7 +1,7 @@
-//! Generic first-frame parsing (protocol.md §0): a frame is one JSON object with a string `type`;
+//! Generic first-frame parsing (docs/reference/websocket.md): a frame is one JSON object with a string `type`;
 //! the rest is validated strictly by a schema that denies unknown fields plus a [`Check`] for what
 //! serde cannot express. Parsing is split in two so callers can tell "not JSON" from "JSON without a
-//! string type" from "schema failure". Also the phone leg's `relay-auth` (§5.1), which both the cell
+//! string type" from "schema failure". Also the phone leg's `relay-auth`, which both the cell
 //! and the director's invite redirect read.
 
 use serde::de::DeserializeOwned;
@@ -51,7 +51,7 @@ pub fn chars_in(s: &str, lo: usize, hi: usize) -> bool {
     (lo..=hi).contains(&n)
 }
 
-/// `relay-auth` (§5.1).
+/// `relay-auth`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RelayAuth {

@@ -1,5 +1,5 @@
-//! The upgrade gates every leg endpoint shares (protocol.md §1.1), in the table's order: the cell's
-//! three legs and the director's invite redirect (§5.5, "gates 1, 2, 4") run the same code.
+//! The upgrade gates every leg endpoint shares (docs/reference/websocket.md), in the table's order: the cell's
+//! three legs and the director's invite redirect ("gates 1, 2, 4") run the same code.
 
 use std::net::SocketAddr;
 
@@ -36,7 +36,7 @@ pub struct Upgrade {
 }
 
 /// The gates before any role-specific one: a plain HTTP request to a leg path is an unknown route
-/// (404 JSON, §1); a process shutting down refuses 503; gate 1 refuses any query string (even `?`,
+/// (404 JSON); a process shutting down refuses 503; gate 1 refuses any query string (even `?`,
 /// 400); gate 2 decodes the path (404 for an unknown path, 429 for an invalid id).
 pub fn pre_gates(req: &http::Request<Incoming>, shutting_down: bool) -> Result<Upgrade, Refusal> {
     let Some(key) = ws::ws_key(req) else {
@@ -51,7 +51,7 @@ pub fn pre_gates(req: &http::Request<Incoming>, shutting_down: bool) -> Result<U
             response: ws::refuse(status),
         })
     };
-    // RFC 6455 §4.2.1: a key that is not base64 of 16 bytes (an empty one included) is a bad
+    // RFC 6455: a key that is not base64 of 16 bytes (an empty one included) is a bad
     // handshake, 400, never a 101.
     if !ws::valid_key(&key) {
         return refuse("bad_handshake", StatusCode::BAD_REQUEST);
@@ -74,7 +74,7 @@ pub fn pre_gates(req: &http::Request<Incoming>, shutting_down: bool) -> Result<U
     Ok(Upgrade { key, target })
 }
 
-/// Gate 4 of phone and data legs (§1.2): admits the request's source into `gate` if the pre-auth
+/// Gate 4 of phone and data legs: admits the request's source into `gate` if the pre-auth
 /// rules and `capacity_ok` (the open-connection rule, decided by the caller) hold. An admitted
 /// source counts as awaiting a first frame until [`PreAuthGate::leave`].
 pub fn pre_auth(

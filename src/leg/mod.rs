@@ -1,9 +1,9 @@
-//! The WebSocket toolkit both roles use on their leg paths (protocol.md §1): the upgrade gates every
+//! The WebSocket toolkit both roles use on their leg paths (docs/reference/websocket.md): the upgrade gates every
 //! leg endpoint shares, socket configuration and the 101 upgrade, pre-auth admission, path decoding
 //! and the generic first-frame parsing.
 //!
-//! The cell's three legs and the director's invite redirect (protocol.md §5.5) are both built from
-//! these parts, so a rule of §1.1 or §1.2 lives in exactly one place. Nothing here knows a role:
+//! The cell's three legs and the director's invite redirect (docs/reference/websocket.md) are both built from
+//! these parts, so a rule of or lives in exactly one place. Nothing here knows a role:
 //! callers pass the process state a gate needs (shutting down, the pre-auth table, the capacity
 //! verdict).
 

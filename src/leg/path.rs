@@ -1,4 +1,4 @@
-//! Leg path decoding (protocol.md §1.1 gate 2): which leg a path names and its percent-decoded id.
+//! Leg path decoding (docs/reference/websocket.md gate 2): which leg a path names and its percent-decoded id.
 
 use percent_encoding::percent_decode_str;
 
@@ -22,7 +22,7 @@ pub fn percent_decode(s: &str) -> Option<String> {
         .map(|c| c.into_owned())
 }
 
-/// Longest data-leg `connId` after decoding (protocol.md §1.1 gate 2).
+/// Longest data-leg `connId` after decoding (docs/reference/websocket.md gate 2).
 pub const CONN_ID_MAX_CHARS: usize = 128;
 
 /// The leg a path names, decided before any other gate. `None` ids failed gate 2 (429).

@@ -1,5 +1,5 @@
 //! WebSocket plumbing shared by the three legs: per-leg configuration, the raw refusal responses of
-//! the upgrade gates, the 101 upgrade, and closing with a 1 s force-terminate (protocol.md §1).
+//! the upgrade gates, the 101 upgrade, and closing with a 1 s force-terminate (docs/reference/websocket.md).
 //!
 //! warp's `Ws` builder cannot set tungstenite's read buffer (128 KiB per socket by default, zero-filled
 //! before each read), so legs are upgraded with hyper and wrapped with an explicit
@@ -114,7 +114,7 @@ pub const READ_BUFFER: usize = 2 * 1024;
 /// (the splice flushes explicitly when its inbound side is momentarily empty).
 pub const WRITE_BUFFER: usize = 32 * 1024;
 
-/// The three legs (protocol.md §1).
+/// The three legs (docs/reference/websocket.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Leg {
     Control,
@@ -123,6 +123,9 @@ pub enum Leg {
 }
 
 impl Leg {
+    /// Every leg, for the metrics created at zero from start-up.
+    pub const ALL: [Leg; 3] = [Leg::Control, Leg::Data, Leg::Phone];
+
     pub fn name(self) -> &'static str {
         match self {
             Leg::Control => "control",
@@ -163,7 +166,7 @@ pub fn config_ref(leg: Leg) -> &'static WebSocketConfig {
 }
 
 /// A gate refusal: `HTTP/1.1 <status>`, `Connection: close`, `Content-Length: 0`, plus
-/// `Retry-After: 2` on 503 (protocol.md §1.1).
+/// `Retry-After: 2` on 503 (docs/reference/websocket.md).
 pub fn refuse(status: StatusCode) -> Response {
     let mut r = Response::default();
     *r.status_mut() = status;
@@ -176,7 +179,7 @@ pub fn refuse(status: StatusCode) -> Response {
     r
 }
 
-/// Is this a WebSocket upgrade request (RFC 6455 §4.2.1)? Returns the `Sec-WebSocket-Key`.
+/// Is this a WebSocket upgrade request (RFC 6455)? Returns the `Sec-WebSocket-Key`.
 pub fn ws_key(req: &http::Request<Incoming>) -> Option<HeaderValue> {
     let h = req.headers();
     let has_token = |name: http::header::HeaderName, token: &str| {
@@ -197,7 +200,7 @@ pub fn ws_key(req: &http::Request<Incoming>) -> Option<HeaderValue> {
     h.get(http::header::SEC_WEBSOCKET_KEY).cloned()
 }
 
-/// RFC 6455 §4.2.1 item 5: `Sec-WebSocket-Key` is base64 of 16 bytes. Anything else (an empty
+/// RFC 6455 item 5: `Sec-WebSocket-Key` is base64 of 16 bytes. Anything else (an empty
 /// key included) is refused 400 instead of upgraded.
 pub fn valid_key(key: &HeaderValue) -> bool {
     use base64::Engine;
@@ -269,7 +272,7 @@ pub fn close_frame(code: u16, reason: &str) -> Message {
 }
 
 /// Relay-initiated close: send the close frame, wait for the peer's close (or EOF), and give up
-/// (dropping the TCP connection) after 1 000 ms (protocol.md §1.4).
+/// (dropping the TCP connection) after 1 000 ms (docs/reference/websocket.md).
 pub async fn close<S>(ws: &mut WebSocketStream<S>, code: u16, reason: &str)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
@@ -308,15 +311,15 @@ pub enum First {
 pub fn violation_code(e: &tokio_tungstenite::tungstenite::Error) -> Option<u16> {
     use tokio_tungstenite::tungstenite::Error;
     match e {
-        Error::Protocol(_) => Some(1002),
-        Error::Utf8(_) => Some(1007),
+        Error::Protocol(_) => Some(crate::contract::close::PROTOCOL_ERROR),
+        Error::Utf8(_) => Some(crate::contract::close::INVALID_PAYLOAD),
         _ => None,
     }
 }
 
-/// The close reason sent with a violation code (the spec is silent; RFC 6455 §7.4.1 names).
+/// The close reason sent with a violation code (the spec is silent; RFC 6455 names).
 pub fn violation_reason(code: u16) -> &'static str {
-    if code == 1007 {
+    if code == crate::contract::close::INVALID_PAYLOAD {
         "invalid frame payload data"
     } else {
         "protocol error"

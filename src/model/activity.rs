@@ -1,4 +1,4 @@
-//! Activity ids and kinds (director.md §5.1): the typed form of the `<kind>:<rest>` strings the
+//! Activity ids and kinds (ARCHITECTURE.md): the typed form of the `<kind>:<rest>` strings the
 //! lease table stores, so code builds and reads ids through one parser instead of `format!` and
 //! `split(':')`.
 
@@ -6,7 +6,7 @@ use std::fmt;
 
 use crate::contract::validate::{is_cell_id, is_opaque_id, is_safe_integer};
 
-/// Activity kinds a cell acquires (director.md §5.1).
+/// Activity kinds a cell acquires (ARCHITECTURE.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ActivityKind {
     Control,
@@ -32,7 +32,7 @@ impl ActivityKind {
         }
     }
 
-    /// Request units of a kind (director.md §5.1).
+    /// Request units of a kind (ARCHITECTURE.md).
     pub fn units(self) -> i64 {
         match self {
             ActivityKind::Splice => 2,
@@ -102,7 +102,7 @@ pub enum ActivityId {
 }
 
 impl ActivityId {
-    /// Parses a stored or submitted id; `None` when it is not one of the forms of §5.1.
+    /// Parses a stored or submitted id; `None` when it is not one of the forms.
     pub fn parse(s: &str) -> Option<ActivityId> {
         let (prefix, rest) = s.split_once(':')?;
         let opaque = || is_opaque_id(rest).then(|| rest.to_string());

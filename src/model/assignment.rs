@@ -1,4 +1,4 @@
-//! Hosts, their assignment row, activity leases and open migration (director.md §1, §5).
+//! Hosts, their assignment row, activity leases and open migration (ARCHITECTURE.md).
 
 use super::activity::LeaseKind;
 
@@ -103,7 +103,7 @@ pub struct HostView {
     pub open_migration: Option<OpenMigration>,
 }
 
-/// A `relay_assignment_migrations` row (the Migration object of director.md §3.8).
+/// A `relay_assignment_migrations` row (the Migration object of docs/reference/http.md).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Migration {
     pub host: HostKey,

@@ -1,7 +1,7 @@
 //! Cells as the placement rules read them: row, runtime, fence, outstanding reservations
-//! (director.md §1.1, §4), and the heartbeat that updates the runtime (§3.6).
+//! (ARCHITECTURE.md / docs/operations.md), and the heartbeat that updates the runtime.
 
-/// Admission state of a cell (director.md §1.1).
+/// Admission state of a cell (ARCHITECTURE.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
     General,
@@ -83,7 +83,7 @@ pub struct CellView {
     pub outstanding: i64,
 }
 
-/// The connection group of a heartbeat (all seven fields or none, director.md §3.6).
+/// The connection group of a heartbeat (all seven fields or none, docs/reference/http.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BeatTelemetry {
     pub total_connections: i64,

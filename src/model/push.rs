@@ -1,4 +1,4 @@
-//! Push registrations as the store keeps them (push.md §5).
+//! Push registrations as the store keeps them (docs/reference/http.md).
 
 /// A validated registration.
 #[derive(Debug, Clone, PartialEq, Eq)]

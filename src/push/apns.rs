@@ -1,4 +1,4 @@
-//! APNs over HTTP/2 (push.md §8.1): ES256 provider token, one multiplexed connection per origin.
+//! APNs over HTTP/2 (docs/reference/http.md): ES256 provider token, one multiplexed connection per origin.
 //!
 //! reqwest keeps one HTTP/2 connection per origin and honours the peer's stream limit; `http://`
 //! bases (local fakes) use cleartext prior knowledge, `https://` negotiates `h2` over TLS.
@@ -7,6 +7,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use p256::pkcs8::{DecodePrivateKey, EncodePrivateKey};
+use p256::SecretKey;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::PrivateKeyDer;
 use serde_json::{json, Value};
 
 use super::model::Notification;
@@ -28,56 +32,18 @@ pub struct Apns {
     token: Mutex<Option<(String, i64)>>,
 }
 
-/// Reads a P-256 key: PKCS#8 or SEC1 PEM (a SEC1 key is wrapped into PKCS#8, which is what the
-/// JWT library reads).
+/// Reads a P-256 key: the first private key in a PEM text, PKCS#8 or SEC1 (`openssl ecparam
+/// -genkey` output, `EC PARAMETERS` block included), handed to the JWT library as PKCS#8.
 pub fn load_key(pem: &str) -> Result<EncodingKey, String> {
     let bad = || "ORCA_PUSH_APNS_KEY must be a P-256 private key (PKCS#8 or SEC1 PEM)".to_string();
-    if pem.contains("-----BEGIN EC PRIVATE KEY-----") {
-        let der = pem_body(pem, "EC PRIVATE KEY").ok_or_else(bad)?;
-        return Ok(EncodingKey::from_ec_der(&sec1_to_pkcs8(&der)));
+    let key = match PrivateKeyDer::from_pem_slice(pem.as_bytes()).map_err(|_| bad())? {
+        PrivateKeyDer::Sec1(der) => SecretKey::from_sec1_der(der.secret_sec1_der()).ok(),
+        PrivateKeyDer::Pkcs8(der) => SecretKey::from_pkcs8_der(der.secret_pkcs8_der()).ok(),
+        _ => None,
     }
-    EncodingKey::from_ec_pem(pem.as_bytes()).map_err(|_| bad())
-}
-
-/// The DER inside the first `label` PEM block.
-fn pem_body(pem: &str, label: &str) -> Option<Vec<u8>> {
-    use base64::Engine;
-    let begin = format!("-----BEGIN {label}-----");
-    let end = format!("-----END {label}-----");
-    let start = pem.find(&begin)? + begin.len();
-    let stop = start + pem[start..].find(&end)?;
-    let b64: String = pem[start..stop]
-        .chars()
-        .filter(|c| !c.is_whitespace())
-        .collect();
-    base64::engine::general_purpose::STANDARD.decode(b64).ok()
-}
-
-fn der_len(n: usize) -> Vec<u8> {
-    if n < 0x80 {
-        vec![n as u8]
-    } else if n < 0x100 {
-        vec![0x81, n as u8]
-    } else {
-        vec![0x82, (n >> 8) as u8, n as u8]
-    }
-}
-
-/// `PrivateKeyInfo { 0, {id-ecPublicKey, prime256v1}, OCTET STRING(sec1) }`.
-fn sec1_to_pkcs8(sec1: &[u8]) -> Vec<u8> {
-    const ALG: [u8; 21] = [
-        0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08, 0x2a, 0x86,
-        0x48, 0xce, 0x3d, 0x03, 0x01, 0x07,
-    ];
-    let mut body = vec![0x02, 0x01, 0x00];
-    body.extend_from_slice(&ALG);
-    body.push(0x04);
-    body.extend(der_len(sec1.len()));
-    body.extend_from_slice(sec1);
-    let mut out = vec![0x30];
-    out.extend(der_len(body.len()));
-    out.extend(body);
-    out
+    .ok_or_else(bad)?;
+    let pkcs8 = key.to_pkcs8_der().map_err(|_| bad())?;
+    Ok(EncodingKey::from_ec_der(pkcs8.as_bytes()))
 }
 
 impl Apns {
@@ -223,7 +189,7 @@ fn transport_outcome(e: &reqwest::Error) -> Outcome {
     }
 }
 
-/// The APNs JSON body (push.md §8.1).
+/// The APNs JSON body (docs/reference/http.md).
 pub fn apns_body(fp: &str, n: &Notification) -> String {
     let orca = Value::Object(n.orca_object(fp));
     let v = if n.effective_kind() == "dismiss" {
@@ -250,7 +216,7 @@ pub fn apns_body(fp: &str, n: &Notification) -> String {
     v.to_string()
 }
 
-/// Maps an APNs answer to an outcome (push.md §8.1 table).
+/// Maps an APNs answer to an outcome (docs/reference/http.md table).
 pub fn classify(status: u16, body: &[u8], retry_after: Option<&str>, now: i64) -> Outcome {
     if status == 200 {
         return Outcome::Sent;

@@ -1,4 +1,4 @@
-//! FCM HTTP v1 (push.md §8.2): service-account OAuth (RS256 jwt-bearer assertion), a single-flight
+//! FCM HTTP v1 (docs/reference/http.md): service-account OAuth (RS256 jwt-bearer assertion), a single-flight
 //! access-token cache, and `messages:send`.
 
 use std::time::Duration;
@@ -175,7 +175,7 @@ impl Fcm {
     }
 }
 
-/// The `messages:send` body (push.md §8.2).
+/// The `messages:send` body (docs/reference/http.md).
 pub fn fcm_body(fp: &str, n: &Notification, token: &str, expires_at: i64, now: i64) -> String {
     let collapse = n.collapse_id(fp);
     let dismiss = n.effective_kind() == "dismiss";
@@ -221,7 +221,7 @@ pub fn fcm_body(fp: &str, n: &Notification, token: &str, expires_at: i64, now: i
     json!({ "message": Value::Object(message) }).to_string()
 }
 
-/// Maps an FCM answer to an outcome (push.md §8.2 table).
+/// Maps an FCM answer to an outcome (docs/reference/http.md table).
 pub fn classify(status: u16, body: &[u8], retry_after: Option<&str>, now: i64) -> Outcome {
     if (200..300).contains(&status) {
         return Outcome::Sent;

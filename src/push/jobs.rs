@@ -1,4 +1,4 @@
-//! Background jobs (push.md §11–§12): prune timers, the 60 s counters line, the queue-depth gauge.
+//! Background jobs (docs/reference/http.md / docs/metrics.md): prune timers, the 60 s counters line, the queue-depth gauge.
 //!
 //! Each job is a chained timer: the next run is scheduled after the previous one ends, so a job never
 //! overlaps itself.

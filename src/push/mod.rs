@@ -1,4 +1,4 @@
-//! The push gateway role (push.md): host challenge and sessions, the device registry, `/v1/send`
+//! The push gateway role (docs/reference/http.md): host challenge and sessions, the device registry, `/v1/send`
 //! with quotas, idempotency and dismissal fences, and the durable delivery worker that talks to APNs
 //! and FCM.
 //!
@@ -29,14 +29,14 @@ use crate::http::Response;
 use crate::store::push::{self as store, Limits as StoreLimits};
 use ratelimit::{Admission, Buckets};
 
-/// A host session's lifetime (push.md §3.3).
+/// A host session's lifetime (docs/reference/http.md).
 pub const SESSION_TTL_MS: i64 = 86_400_000;
-/// A delivery lease (push.md §7).
+/// A delivery lease (ARCHITECTURE.md).
 pub const LEASE_MS: i64 = 30_000;
-/// Events per host and kind per quota window (push.md §6).
+/// Events per host and kind per quota window (docs/reference/http.md).
 pub const EVENT_QUOTA: i64 = 300;
 pub const EVENT_QUOTA_WINDOW_MS: i64 = 900_000;
-/// Retention of delivered events, recipients and fences (push.md §11).
+/// Retention of delivered events, recipients and fences (docs/reference/http.md).
 pub const RETENTION_MS: i64 = 86_400_000;
 
 /// The policy numbers handed to the push statements.
@@ -53,7 +53,7 @@ pub const LIMITS: StoreLimits = StoreLimits {
 const SHUTDOWN_BUDGET: Duration = Duration::from_millis(8_500);
 const COUNTERS_EVERY: Duration = Duration::from_secs(60);
 
-/// The per-process buckets of push.md §9.
+/// The per-process buckets of docs/reference/http.md.
 pub struct Limits {
     pub unauth: Buckets,
     pub auth: Buckets,
@@ -142,7 +142,7 @@ impl Push {
         v
     }
 
-    /// The admin overview's `push` object (operations.md §3).
+    /// The admin overview's `push` object (docs/reference/http.md).
     pub async fn overview(&self) -> Result<serde_json::Value, crate::store::DbError> {
         let now = crate::clock::now_ms();
         let depth = store::queue_depth(&self.ctx.db, now).await?;

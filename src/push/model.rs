@@ -1,4 +1,4 @@
-//! Request schemas and the pure rules of push.md §5–§6: validation, canonical JSON, event identity,
+//! Request schemas and the pure rules of docs/reference/http.md: validation, canonical JSON, event identity,
 //! content fingerprint and collapse id. No I/O.
 
 use serde::{Deserialize, Deserializer};
@@ -70,7 +70,7 @@ pub struct DeviceRequest {
 pub use crate::model::push::Device;
 
 impl DeviceRequest {
-    /// push.md §5 refinements; `None` → `400 invalid_request`.
+    /// docs/reference/http.md refinements; `None` → `400 invalid_request`.
     pub fn validate(self) -> Option<Device> {
         if self.v != 1 || !chars_in(&self.device_id, 1, 128) {
             return None;
@@ -146,7 +146,7 @@ pub struct NotificationIn {
     expires_at: Option<u64>,
 }
 
-/// A validated notification (push.md §6).
+/// A validated notification (docs/reference/http.md).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Notification {
     pub notification_id: Option<String>,
@@ -313,7 +313,7 @@ impl Notification {
         })
     }
 
-    /// The `orca` object of both providers (push.md §8), in order.
+    /// The `orca` object of both providers (docs/reference/http.md), in order.
     pub fn orca_object(&self, fp: &str) -> Map<String, Value> {
         let mut m = Map::new();
         if let Some(k) = &self.kind {
@@ -359,7 +359,7 @@ pub fn collapse_id(fp: &str, id: Option<&str>, epoch: &str, seq: u64) -> String 
     sha256_hex(v.to_string().as_bytes())
 }
 
-/// Unique ids in first-occurrence order, or `None` when the list breaks §6.
+/// Unique ids in first-occurrence order, or `None` when the list breaks.
 pub fn unique_ids(ids: &[String]) -> Option<Vec<String>> {
     if ids.is_empty() || ids.len() > MAX_IDS_PER_SEND || !ids.iter().all(|i| chars_in(i, 1, 128)) {
         return None;

@@ -1,4 +1,4 @@
-//! What a provider call produced (push.md §7–§8), and the shared `Retry-After` rule.
+//! What a provider call produced (ARCHITECTURE.md / docs/reference/http.md), and the shared `Retry-After` rule.
 
 /// A provider outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,7 +37,7 @@ pub fn parse_retry_after(value: Option<&str>, now_ms: i64) -> Option<i64> {
     Some((at.timestamp_millis() - now_ms).max(0))
 }
 
-/// Retry delay of push.md §7: `max(retryAfterMs ?? 0, min(30000, 1000 × 2^min(attempts,5)))`.
+/// Retry delay of ARCHITECTURE.md: `max(retryAfterMs ?? 0, min(30000, 1000 × 2^min(attempts,5)))`.
 pub fn backoff_ms(attempts: i64, retry_after_ms: Option<i64>) -> i64 {
     let exp = attempts.clamp(0, 5) as u32;
     let base = (1000i64 << exp).min(30_000);

@@ -1,13 +1,14 @@
-//! Per-process rate limits and auth admission (push.md §9): pure data structures, no I/O.
+//! Per-process rate limits and auth admission (docs/reference/http.md): pure data structures, no I/O.
 //!
 //! Buckets refill continuously (`capacity` per 60 s) and keep at most [`MAX_KEYS`] keys, evicting the
 //! least recently touched, so a flood of distinct sources costs bounded memory. Admission bounds the
 //! concurrent session look-ups (4 active, 32 FIFO waiters) so a bearer flood cannot exhaust the pool.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::hash_map::RandomState;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use hashlink::LruCache;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Keys per bucket set.
@@ -17,17 +18,13 @@ const WINDOW_MS: f64 = 60_000.0;
 struct Entry {
     tokens: f64,
     at_ms: i64,
-    touch: u64,
 }
 
 /// Token buckets keyed by a string (client IP or host fingerprint).
 pub struct Buckets {
     capacity: f64,
-    max_keys: usize,
-    entries: HashMap<String, Entry>,
-    /// touch sequence -> key: the least recently touched key is the first entry.
-    order: BTreeMap<u64, String>,
-    seq: u64,
+    /// Least recently touched first; SipHash because the keys come from clients.
+    entries: LruCache<String, Entry, RandomState>,
 }
 
 impl Buckets {
@@ -38,10 +35,8 @@ impl Buckets {
     pub fn with_max_keys(capacity_per_minute: u32, max_keys: usize) -> Buckets {
         Buckets {
             capacity: capacity_per_minute as f64,
-            max_keys,
-            entries: HashMap::new(),
-            order: BTreeMap::new(),
-            seq: 0,
+            // At least one key, so the bucket just inserted is never the one evicted.
+            entries: LruCache::with_hasher(max_keys.max(1), RandomState::new()),
         }
     }
 
@@ -53,35 +48,24 @@ impl Buckets {
         self.entries.is_empty()
     }
 
-    /// Refills and touches `key`, creating a full bucket when unknown; returns the token count.
+    /// Refills and touches `key`, creating a full bucket when unknown (evicting the least
+    /// recently touched key when full).
     fn refill(&mut self, key: &str, now_ms: i64) -> &mut Entry {
-        self.seq += 1;
-        let seq = self.seq;
         let cap = self.capacity;
-        if let Some(e) = self.entries.get_mut(key) {
-            self.order.remove(&e.touch);
-            let elapsed = (now_ms - e.at_ms).max(0) as f64;
-            e.tokens = (e.tokens + elapsed * cap / WINDOW_MS).min(cap);
-            e.at_ms = now_ms;
-            e.touch = seq;
-        } else {
-            while self.entries.len() >= self.max_keys {
-                let Some((_, oldest)) = self.order.pop_first() else {
-                    break;
-                };
-                self.entries.remove(&oldest);
-            }
+        if self.entries.get_mut(key).is_none() {
             self.entries.insert(
                 key.to_string(),
                 Entry {
                     tokens: cap,
                     at_ms: now_ms,
-                    touch: seq,
                 },
             );
         }
-        self.order.insert(seq, key.to_string());
-        self.entries.get_mut(key).expect("entry just touched")
+        let e = self.entries.get_mut(key).expect("entry just touched");
+        let elapsed = (now_ms - e.at_ms).max(0) as f64;
+        e.tokens = (e.tokens + elapsed * cap / WINDOW_MS).min(cap);
+        e.at_ms = now_ms;
+        e
     }
 
     /// Spends one token if one is left. `Err(retry_after_s)` when empty.
@@ -121,7 +105,7 @@ fn retry_after_s(tokens: f64, capacity: f64) -> u64 {
     ((ms / 1000.0).ceil() as u64).max(1)
 }
 
-/// The rate-limit key of a client source string (push.md §9): IPv4-mapped IPv6 as IPv4, other IPv6
+/// The rate-limit key of a client source string (docs/reference/http.md): IPv4-mapped IPv6 as IPv4, other IPv6
 /// by /64, anything that is not an IP `unknown`.
 pub fn ip_key(source: &str) -> String {
     let trimmed = source.trim().trim_start_matches('[').trim_end_matches(']');

@@ -1,4 +1,4 @@
-//! HTTP glue of the push routes (push.md §2, §9): the common steps, the bearer chain B1–B6, the body
+//! HTTP glue of the push routes (docs/reference/http.md): the common steps, the bearer chain B1–B6, the body
 //! limit after the bearer, strict parsing, and one handler per route. Every path answers a concrete
 //! response; nothing here rejects through warp except paths that are not push paths.
 
@@ -24,6 +24,7 @@ use crate::crypto::b64::decode_key32;
 use crate::crypto::ident::{random_b64u32, relay_host_id, token_hash};
 use crate::crypto::push_proof::issue_push_challenge;
 use crate::http::{self as h, Response};
+use crate::leg::path::percent_decode;
 use crate::logging;
 use crate::store::push::{self as store, Accept, NewEvent, Verify};
 use crate::store::DbError;
@@ -53,29 +54,24 @@ fn route(method: &Method, path: &str) -> Option<Result<Route, ()>> {
             if seg.contains('/') || *method != Method::DELETE {
                 None
             } else {
-                Some(Route::DeviceDelete(percent_decode(seg).unwrap_or_default()))
+                // A bad escape names no registration: the empty id answers `404 not_found`.
+                Some(Route::DeviceDelete(device_path_id(p).unwrap_or_default()))
             }
         }
     };
     Some(r.ok_or(()))
 }
 
-/// Percent-decodes a path segment; `None` when malformed or not UTF-8.
-fn percent_decode(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
+/// The registration id a `/v1/devices/<id>` path names, percent-decoded by the one leg-path decoder
+/// (`%` needs two hex digits, the result UTF-8); `None` when it names none. Public for the
+/// property tests.
+#[doc(hidden)]
+pub fn device_path_id(path: &str) -> Option<String> {
+    let seg = path.strip_prefix("/v1/devices/")?;
+    if seg.contains('/') {
+        return None;
     }
-    String::from_utf8(out).ok()
+    percent_decode(seg)
 }
 
 type BodyStream = Box<dyn Stream<Item = Result<Box<dyn Buf + Send>, warp::Error>> + Send + Unpin>;
@@ -535,8 +531,10 @@ mod tests {
 
     #[test]
     fn decode_segment() {
-        assert_eq!(percent_decode("a%2Fb").as_deref(), Some("a/b"));
-        assert_eq!(percent_decode("a%2").as_deref(), None);
-        assert_eq!(percent_decode("%ff").as_deref(), None);
+        assert_eq!(device_path_id("/v1/devices/a%2Fb").as_deref(), Some("a/b"));
+        assert_eq!(device_path_id("/v1/devices/a/b"), None);
+        for bad in ["a%2", "%ff", "%+1", "%-1", "%1", "%zz", "%+f"] {
+            assert_eq!(device_path_id(&format!("/v1/devices/{bad}")), None, "{bad}");
+        }
     }
 }

@@ -1,4 +1,4 @@
-//! The durable delivery worker (push.md §7): the database is the queue.
+//! The durable delivery worker (ARCHITECTURE.md): the database is the queue.
 //!
 //! One claimer loop per process claims due deliveries in batches (one transaction leases up to
 //! [`CLAIM_BATCH`] heads of distinct registrations, see [`store::claim_batch`]), hands each to its
@@ -23,12 +23,15 @@
 //! its deliveries are done (`orca_push_worker_failed`), so a database outage costs one line per
 //! tick. A run that ended on an empty claim with nothing in flight is an *idle pass*: nothing was
 //! due when it looked. [`Worker::settled`] waits for an idle pass that started after the call,
-//! which is what tests wait for instead of fixed windows.
+//! which is what in-process tests wait for instead of fixed windows; `orca_push_worker_runs_total`
+//! counts runs by how they ended (`idle`, `failed`, `stopped`), so a test of another process waits
+//! for its idle count to move by two (the second idle pass started after the first was counted).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use prometheus::IntCounterVec;
 use serde_json::json;
 use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -95,7 +98,12 @@ pub struct Worker {
     failed_runs: AtomicU64,
     /// The sequence number of the latest idle pass.
     idle: watch::Sender<u64>,
+    /// `orca_push_worker_runs_total{end}`.
+    ends: IntCounterVec,
 }
+
+/// The `end` label values of `orca_push_worker_runs_total`.
+const RUN_ENDS: [&str; 3] = ["idle", "failed", "stopped"];
 
 /// One run's shared record: the first failure of its claims or deliveries, and whether it ended
 /// on an empty claim with nothing in flight. Ends (logs or marks an idle pass) when the last
@@ -140,6 +148,14 @@ impl Worker {
         let slots = ctx.config.database_pool_max.saturating_sub(1).max(1);
         let stop = ctx.child_token();
         let (finishes, rx) = mpsc::unbounded_channel();
+        let ends = ctx.metrics.register_counter_vec(
+            "orca_push_worker_runs_total",
+            "push delivery worker runs by how they ended: idle (nothing due, nothing in flight), failed (logged as orca_push_worker_failed), stopped (shutdown)",
+            &["end"],
+        );
+        for end in RUN_ENDS {
+            ends.with_label_values(&[end]);
+        }
         Arc::new(Worker {
             ctx,
             apns,
@@ -156,6 +172,7 @@ impl Worker {
             runs: AtomicU64::new(0),
             failed_runs: AtomicU64::new(0),
             idle: watch::Sender::new(0),
+            ends,
         })
     }
 
@@ -316,6 +333,12 @@ impl Worker {
     /// The last reference to run `seq` was dropped: one log line if it failed, else maybe an
     /// idle pass.
     fn end_run(&self, seq: u64, failure: Option<(&'static str, &'static str)>, busy: bool) {
+        let end = match (&failure, busy) {
+            (Some(_), _) => "failed",
+            (None, true) => "stopped",
+            (None, false) => "idle",
+        };
+        self.ends.with_label_values(&[end]).inc();
         if let Some((error, target)) = failure {
             self.failed_runs.fetch_add(1, Ordering::SeqCst);
             logging::event_warn(

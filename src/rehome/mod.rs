@@ -1,10 +1,10 @@
-//! Idle regional correction (director.md §8, protocol.md §13): a domain module both roles use.
+//! Idle regional correction (docs/reference/http.md): a domain module both roles use.
 //!
 //! The director issues measurement windows, records reports, keeps the control row and dispatches
 //! attempts; the *source cell* commits and reconciles them against the shared database. Both halves
 //! need the same rules, so they live here, below the roles: [`rules`] (pure functions over plain
 //! data) and [`service`] (the transactions, composed from `store::region` primitives in the lock
-//! order of director.md §2). This module names no role and does no logging: services return the
+//! order of ARCHITECTURE.md). This module names no role and does no logging: services return the
 //! events to log, and the caller logs them after commit.
 
 pub mod rules;
@@ -35,14 +35,14 @@ pub fn cell_facts(c: &CellView, now: i64) -> CellFacts {
     }
 }
 
-/// A reading of a process's store counters for its safety window (director.md §3.7, §8.3): SQL
+/// A reading of a process's store counters for its safety window (docs/reference/http.md): SQL
 /// failures and reconnects since start-up, pool waiters and wait maxima since the previous
 /// reading, pool size. `recovery_failures` is the caller's own control-activity recovery count
 /// (0 for a director, which recovers no activities).
 ///
 /// The wait maxima are taken (reset) by each reading, so in a role-`all` process the director's
 /// and the cell's windows each see part of them; the cell merges the director's safety with its
-/// own field-wise before committing (protocol.md §13 step 7), so together they see every maximum.
+/// own field-wise before committing (docs/reference/http.md step 7), so together they see every maximum.
 pub fn store_reading(db: &crate::store::Db, recovery_failures: i64) -> rules::SafetyReading {
     let (sql, reconnects) = db.waits().failure_totals();
     let (waiters_max, wait_ms_max) = db.waits().take_window_maxima();

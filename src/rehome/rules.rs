@@ -1,4 +1,4 @@
-//! The pure rules of idle regional correction (director.md §8): cohort buckets, the preference
+//! The pure rules of idle regional correction (docs/reference/http.md): cohort buckets, the preference
 //! rule, report statuses, clean/current/eligible/fleet safety, the control gates, candidate
 //! validity, target choice and the attempt identity. Plain data in, answers out; `now` is always a
 //! parameter, so every rule is unit-tested without a database or a clock.
@@ -10,25 +10,25 @@ use crate::contract::wire::Safety;
 use crate::store::assignments::Lease;
 pub use crate::store::region::{AttemptRecord, Control, Decision};
 
-/// The only policy version (§8.1).
+/// The only policy version.
 pub const POLICY_VERSION: i64 = 1;
-/// Window lifetime: `expires_at` = issue + 24 h (§8.1).
+/// Window lifetime: `expires_at` = issue + 24 h.
 pub const WINDOW_TTL_MS: i64 = 86_400_000;
-/// A cell's safety is current while younger than this (§8.2).
+/// A cell's safety is current while younger than this.
 pub const SAFETY_CURRENT_MS: i64 = 60_000;
-/// The director's safety in a dispatch is stale beyond this age (protocol.md §13 step 1).
+/// The director's safety in a dispatch is stale beyond this age (docs/reference/http.md step 1).
 pub const DIRECTOR_SAFETY_MAX_AGE_MS: i64 = 60_000;
-/// Open idle-rehome migrations allowed at once (§8.3, §8.4 3.2).
+/// Open idle-rehome migrations allowed at once (3.2).
 pub const MAX_OPEN_IDLE_MIGRATIONS: i64 = 8;
-/// Arrival deadline of an idle-rehome migration (§1.2).
+/// Arrival deadline of an idle-rehome migration.
 pub const IDLE_ARRIVAL_MS: i64 = 300_000;
-/// Consecutive dispatch failures that disable the control (§8.3).
+/// Consecutive dispatch failures that disable the control.
 pub const FAILURE_BUDGET: i64 = 3;
-/// Pause after the failure budget is spent (§8.3).
+/// Pause after the failure budget is spent.
 pub const FAILURE_PAUSE_MS: i64 = 300_000;
-/// Preference rule: at least this much faster (§8.1).
+/// Preference rule: at least this much faster.
 pub const PREFERENCE_MIN_GAIN_MS: i64 = 25;
-/// `attemptId` namespace (UUID v5, §8.3).
+/// `attemptId` namespace (UUID v5).
 pub const ATTEMPT_NAMESPACE: uuid::Uuid = uuid::uuid!("0a1c5a9b-197b-4ea8-b6f1-f3bcaa3d712c");
 
 /// `cohort_bucket`: the first 4 bytes (big-endian) of SHA-256 of the compact JSON pair
@@ -62,7 +62,7 @@ pub fn preferred_region(
     (inc - v >= PREFERENCE_MIN_GAIN_MS && 5 * v <= 4 * inc).then(|| r.clone())
 }
 
-/// A parsed `regionCorrection` object (§8.1).
+/// A parsed `regionCorrection` object.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RegionCorrection {
     IssueWindow,
@@ -141,7 +141,7 @@ pub fn parse_region_correction(v: &Json, regions: &[String]) -> Option<RegionCor
     }
 }
 
-/// `reportStatus` of §8.1.
+/// `reportStatus`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReportStatus {
     BasisChanged,
@@ -199,7 +199,7 @@ pub fn report_status(
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Safety (§8.2)
+// Safety
 
 /// A safety object is clean when every counter is within its bound.
 pub fn safety_clean(s: &Safety) -> bool {
@@ -215,7 +215,7 @@ pub fn parse_safety(json: Option<&str>) -> Option<Safety> {
     serde_json::from_str(json?).ok()
 }
 
-/// Field-wise maximum of two safety objects with the older `observedAt` (protocol.md §13 step 7).
+/// Field-wise maximum of two safety objects with the older `observedAt` (docs/reference/http.md step 7).
 pub fn merge_safety(a: &Safety, b: &Safety) -> Safety {
     let opt = |x: Option<i64>, y: Option<i64>| match (x, y) {
         (Some(x), Some(y)) => Some(x.max(y)),
@@ -240,7 +240,7 @@ pub fn merge_safety(a: &Safety, b: &Safety) -> Safety {
     }
 }
 
-/// The non-negative-integer schema of a safety object (director.md §3.7, protocol.md §13).
+/// The non-negative-integer schema of a safety object (docs/reference/http.md).
 pub fn safety_valid(f: &Safety) -> bool {
     let nonneg = |v: i64| (0..=(1i64 << 53) - 1).contains(&v);
     nonneg(f.observed_at)
@@ -277,7 +277,7 @@ pub struct CellFacts {
 }
 
 /// Safety is current when received within 60 s. The stored safety always belongs to the runtime's
-/// incarnation: a takeover nulls it (director.md §4.2).
+/// incarnation: a takeover nulls it (docs/operations.md).
 pub fn safety_current(c: &CellFacts, now: i64) -> bool {
     c.safety.is_some()
         && c.incarnation.is_some()
@@ -302,7 +302,7 @@ pub fn fleet_safe(cells: &[CellFacts], now: i64) -> bool {
         .all(|c| c.live && safety_current(c, now) && c.safety.as_ref().is_some_and(safety_clean))
 }
 
-/// Window of the safety counters (§3.7, §8.3): the last 30 s.
+/// Window of the safety counters: the last 30 s.
 pub const SAFETY_WINDOW_MS: i64 = 30_000;
 
 /// One reading of a process's counters.
@@ -374,9 +374,9 @@ impl SafetyWindow {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Control (§8.2, §1.3)
+// Control
 
-/// The Control object of director.md §3.8.
+/// The Control object of docs/reference/http.md.
 pub fn control_json(c: &Control) -> Json {
     serde_json::json!({
         "generation": c.generation,
@@ -412,7 +412,7 @@ pub fn dispatch_interval_ms(rate_per_minute: i64) -> i64 {
     (60_000 + r - 1) / r
 }
 
-/// A valid `apply` (§3.8): the fields it writes.
+/// A valid `apply`: the fields it writes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Apply {
     pub expected_generation: i64,
@@ -520,7 +520,7 @@ pub fn disabled(c: &Control, reason: &str, now: i64) -> Control {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Candidates (§8.3, §8.4)
+// Candidates
 
 /// The decision is still a valid preference for a host at `host_epoch` whose home is in
 /// `home_region`: conclusive, preferring another region, same epoch and incumbent, policy 1,
@@ -586,7 +586,7 @@ pub fn choose_target<'a>(
         })
 }
 
-/// The exact request a director dispatches and a cell commits (protocol.md §13).
+/// The exact request a director dispatches and a cell commits (docs/reference/http.md).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RehomeRequest {
     pub attempt_id: String,
@@ -623,7 +623,7 @@ pub fn attempt_id(
     uuid::Uuid::new_v5(&ATTEMPT_NAMESPACE, name.as_bytes()).to_string()
 }
 
-/// An attempt equals the request in every stored field and is not aborted (§8.5 `committed`).
+/// An attempt equals the request in every stored field and is not aborted (`committed`).
 pub fn attempt_matches(a: &AttemptRecord, r: &RehomeRequest) -> bool {
     a.attempt_id == r.attempt_id
         && a.user_id == r.user_id
@@ -1142,19 +1142,19 @@ mod tests {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// The director worker (§8.3): poll gates, candidates, answers, the skip list. Pure; the worker in
+// The director worker: poll gates, candidates, answers, the skip list. Pure; the worker in
 // `director::rehome_worker` does the reads, the dispatch and the logging.
 
-/// Poll period: 6 s ± 20 % (§8.3), the default of `ORCA_RELAY_REGION_REHOME_POLL_MS`.
+/// Poll period: 6 s ± 20 %, the default of `ORCA_RELAY_REGION_REHOME_POLL_MS`.
 pub const POLL_EVERY_MS: i64 = 6_000;
-/// Hosts read per poll (§8.3).
+/// Hosts read per poll.
 pub const PAGE_LIMIT: usize = 50;
-/// Dispatch timeout (§8.3).
+/// Dispatch timeout.
 pub const DISPATCH_TIMEOUT_MS: i64 = 10_000;
-/// Failures of one `attemptId` after which it is skipped, and for how long (§8.3).
+/// Failures of one `attemptId` after which it is skipped, and for how long.
 pub const ATTEMPT_SKIP_AFTER: u32 = 3;
 pub const ATTEMPT_SKIP_MS: i64 = 900_000;
-/// Entries the skip list keeps at most (§8.3: bounded memory).
+/// Entries the skip list keeps at most (: bounded memory).
 pub const SKIP_LIST_MAX: usize = 1_000;
 
 /// The jittered wait before the next poll: `every_ms` × (0.8 + 0.4·`unit`), `unit` in [0, 1).
@@ -1163,7 +1163,7 @@ pub fn poll_wait_ms(every_ms: i64, unit: f64) -> i64 {
     (every_ms as f64 * (0.8 + 0.4 * u)) as i64
 }
 
-/// The second read of a wrapping page (§8.3: "continuing after the last key of the previous poll
+/// The second read of a wrapping page (: "continuing after the last key of the previous poll
 /// and wrapping at the end"): after the first read returned `first_len` rows after `cursor`, how
 /// many rows to read from the first key up to and including `cursor`; `None` when the page is
 /// already complete (a full first read, or a first read that started at the first key and so saw
@@ -1201,7 +1201,7 @@ pub fn join_page<T, K: PartialEq + Clone>(
     (page, cursor)
 }
 
-/// The first closed gate of a poll, in the order of §8.3, or `None` when the walk may start.
+/// The first closed gate of a poll, in the order, or `None` when the walk may start.
 /// `director_safety` is `None` when the process's own safety could not be computed.
 pub fn poll_gate(
     director_safety: Option<&Safety>,
@@ -1254,7 +1254,7 @@ pub struct Candidate {
     pub source_cell_url: String,
 }
 
-/// The checks of §8.3 that need only the page row, the cells and the control: a valid preference
+/// The checks of that need only the page row, the cells and the control: a valid preference
 /// in cohort, a rehome-eligible home in the director's region, and some target. Lets the worker
 /// skip the per-host reads of hosts that cannot be candidates.
 pub fn prefilter(
@@ -1294,7 +1294,7 @@ fn home_and_target<'a>(
     Some((home, target))
 }
 
-/// The full candidate rule of §8.3: [`prefilter`], exactly one lease (the idle-capable control of
+/// The full candidate rule: [`prefilter`], exactly one lease (the idle-capable control of
 /// the home's current process), no open migration, no attempt within the cooldown, and a target
 /// with headroom and room for the host's units + 1. Read-only: proves nothing about idleness.
 pub fn candidate(
@@ -1337,7 +1337,7 @@ pub fn candidate(
     })
 }
 
-/// The `host-idle-rehome` body of protocol.md §13 for a candidate.
+/// The `host-idle-rehome` body of docs/reference/http.md for a candidate.
 pub fn dispatch_body(r: &RehomeRequest, cohort_percent: i64, director_safety: &Safety) -> Json {
     serde_json::json!({
         "v": 1,
@@ -1354,7 +1354,7 @@ pub fn dispatch_body(r: &RehomeRequest, cohort_percent: i64, director_safety: &S
     })
 }
 
-/// Deferral reasons that are global: the worker stops its walk (§8.3).
+/// Deferral reasons that are global: the worker stops its walk.
 pub const STOPPING_DEFERRALS: [&str; 6] = [
     "control-closed",
     "budget-closed",
@@ -1364,7 +1364,7 @@ pub const STOPPING_DEFERRALS: [&str; 6] = [
     "director-safety-stale",
 ];
 
-/// Every deferral reason a cell may send (protocol.md §13).
+/// Every deferral reason a cell may send (docs/reference/http.md).
 const DEFERRAL_REASONS: [&str; 8] = [
     "control-closed",
     "budget-closed",
@@ -1376,7 +1376,7 @@ const DEFERRAL_REASONS: [&str; 8] = [
     "director-safety-stale",
 ];
 
-/// A cell's answer to a dispatch, as the answer table of §8.3 sorts it.
+/// A cell's answer to a dispatch, as the answer table of sorts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DispatchAnswer {
     Committed,
@@ -1494,7 +1494,7 @@ impl SkipList {
     }
 }
 
-/// Per-poll counts of the summary line (§8.3).
+/// Per-poll counts of the summary line.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct PollSummary {
     pub candidates: usize,

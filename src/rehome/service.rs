@@ -1,8 +1,8 @@
-//! The transactions of idle regional correction: measurement windows and reports (§8.1), the
-//! control row (§8.2, §3.8), `commitIdleRegionalRehome` (§8.4), `reconcileIdleRegionalRehome`
-//! (§8.5), disabling after aborts and the outcome counts (§8.6).
+//! The transactions of idle regional correction: measurement windows and reports, the
+//! control row, `commitIdleRegionalRehome`, `reconcileIdleRegionalRehome`
+//!, disabling after aborts and the outcome counts.
 //!
-//! Locks follow director.md §2: control row (0), assignment row (1), the host's leases, migration,
+//! Locks follow ARCHITECTURE.md: control row (0), assignment row (1), the host's leases, migration,
 //! attempts and decision (2), reservations (3), then one cell row (4). Runtime, fence and decision
 //! reads are plain. Each function returns the log events its caller emits after commit.
 
@@ -20,7 +20,7 @@ use crate::store::cells::{self, Reader, Which};
 use crate::store::region::{self, NewMigration, ReserveRefusal};
 use crate::store::{Db, DbError, RetryClass, Tx};
 
-/// Lifetime of the target's `control-pending` and `migration` leases of a move (director.md §7.1).
+/// Lifetime of the target's `control-pending` and `migration` leases of a move (docs/operations.md).
 pub const MOVE_LEASE_MS: i64 = 900_000;
 /// Trailing window of the outcome counts.
 pub const OUTCOME_WINDOW_MS: i64 = 86_400_000;
@@ -45,7 +45,7 @@ pub async fn all_cell_facts(db: &Db, now: i64) -> Result<Vec<CellFacts>, DbError
         .collect())
 }
 
-/// The worker's page of §8.3 (plain reads): up to `limit` distinct hosts with a conclusive
+/// The worker's page of (plain reads): up to `limit` distinct hosts with a conclusive
 /// preference for another region, continuing after `cursor` and wrapping at the end *within* the
 /// page (a short read after the cursor is filled from the first key through the cursor), so every
 /// poll sees up to `limit` hosts. Returns the page and the next poll's cursor
@@ -64,7 +64,7 @@ pub async fn candidate_page(
 }
 
 // ---------------------------------------------------------------------------------------------------
-// §8.1 windows and reports
+// windows and reports
 
 /// `issue-window` after a grant at `epoch` on a home in `incumbent_region`: the window object.
 pub async fn issue_window(
@@ -177,7 +177,7 @@ pub async fn report(
 }
 
 // ---------------------------------------------------------------------------------------------------
-// §8.2 control
+// control
 
 /// Refusal of `apply`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -196,6 +196,12 @@ impl RetryClass for ControlError {
     fn retry_code(&self) -> Option<&'static str> {
         match self {
             ControlError::Db(e) => e.retry_code(),
+            _ => None,
+        }
+    }
+    fn db_error(&self) -> Option<&crate::store::DbError> {
+        match self {
+            ControlError::Db(e) => Some(e),
             _ => None,
         }
     }
@@ -235,7 +241,7 @@ fn disabled_event(c: &Control) -> Event {
     )
 }
 
-/// After attempts were aborted (§8.6): disables the control with the latest abort reason when an
+/// After attempts were aborted: disables the control with the latest abort reason when an
 /// attempt was aborted after the control row last changed. Runs in its own transaction after the
 /// abort committed, because the control row precedes assignment rows in the lock order.
 pub async fn disable_after_aborts(db: &Db, now: i64) -> Result<Option<Event>, DbError> {
@@ -246,9 +252,12 @@ pub async fn disable_after_aborts(db: &Db, now: i64) -> Result<Option<Event>, Db
     }
 }
 
-/// A dispatch answer's effect on the failure budget (§8.3): `failed` counts one failure (three
+/// A dispatch answer's effect on the failure budget: `failed` counts one failure (three
 /// in a row pause 5 min and disable `failure-budget`), otherwise the count resets after a commit.
-pub async fn record_dispatch(db: &Db, failed: bool, now: i64) -> Result<Option<Event>, DbError> {
+/// The disable yields two events: `orca_relay_regional_rehome_failure_budget_disabled` with the
+/// budget's figures, and `orca_relay_regional_rehome_safety_disabled {reason, generation}` like
+/// every automatic disable; no event otherwise.
+pub async fn record_dispatch(db: &Db, failed: bool, now: i64) -> Result<Vec<Event>, DbError> {
     crate::transaction!(db, "regional-rehome", |tx| {
         let mut c = region::lock_control(tx, false).await?;
         if !failed {
@@ -256,24 +265,27 @@ pub async fn record_dispatch(db: &Db, failed: bool, now: i64) -> Result<Option<E
                 c.consecutive_failures = 0;
                 region::write_control(tx, &c).await?;
             }
-            return Ok(None);
+            return Ok(Vec::new());
         }
         c.consecutive_failures += 1;
         if c.consecutive_failures >= rules::FAILURE_BUDGET {
             c.paused_until = now + rules::FAILURE_PAUSE_MS;
             let n = rules::disabled(&c, "failure-budget", now);
             region::write_control(tx, &n).await?;
-            return Ok(Some((
-                "orca_relay_regional_rehome_failure_budget_disabled",
-                json!({"consecutiveFailures": n.consecutive_failures, "pausedUntil": n.paused_until}),
-            )));
+            return Ok(vec![
+                (
+                    "orca_relay_regional_rehome_failure_budget_disabled",
+                    json!({"consecutiveFailures": n.consecutive_failures, "pausedUntil": n.paused_until}),
+                ),
+                disabled_event(&n),
+            ]);
         }
         region::write_control(tx, &c).await?;
-        Ok(None)
+        Ok(Vec::new())
     })
 }
 
-/// The Outcomes object (§8.6) over the trailing 24 h.
+/// The Outcomes object over the trailing 24 h.
 pub async fn outcomes(db: &Db, now: i64) -> Result<Json, DbError> {
     let o = region::outcome_counts(db, now - OUTCOME_WINDOW_MS).await?;
     let aborted: serde_json::Map<String, Json> =
@@ -291,7 +303,7 @@ pub async fn outcomes(db: &Db, now: i64) -> Result<Json, DbError> {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// §8.5 reconcile
+// reconcile
 
 /// `reconcileIdleRegionalRehome` answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -358,7 +370,7 @@ async fn reconcile_tx(tx: &mut Tx, req: &RehomeRequest, now: i64) -> Result<Reco
 }
 
 // ---------------------------------------------------------------------------------------------------
-// §8.4 commit
+// commit
 
 /// `commitIdleRegionalRehome` answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -384,6 +396,12 @@ impl RetryClass for CommitFail {
     fn retry_code(&self) -> Option<&'static str> {
         match self {
             CommitFail::Db(e) => e.retry_code(),
+            _ => None,
+        }
+    }
+    fn db_error(&self) -> Option<&crate::store::DbError> {
+        match self {
+            CommitFail::Db(e) => Some(e),
             _ => None,
         }
     }
@@ -428,6 +446,9 @@ pub async fn commit(
     }
 }
 
+/// `commitIdleRegionalRehome` in one transaction, in its lock order: the budget (control row and
+/// concurrency), fleet safety, the host under lock and its eligibility, the move's writes, the
+/// rate slot, and last the conditional reserve on the target row.
 async fn commit_tx(
     tx: &mut Tx,
     req: &RehomeRequest,
@@ -435,20 +456,10 @@ async fn commit_tx(
     now: i64,
 ) -> Result<(Committed, Vec<Event>), CommitFail> {
     let deferred = |r: &'static str| Ok((Committed::Deferred(r), vec![]));
-    // 3.1 control row NOWAIT. Busy means another commit is writing its dispatch slot right now:
-    // the budget is, for this instant, taken.
-    let mut control = match region::lock_control(tx, true).await {
+    let mut control = match lock_budget(tx, now).await? {
         Ok(c) => c,
-        Err(DbError::LockUnavailable) => return deferred("budget-closed"),
-        Err(e) => return Err(e.into()),
+        Err(gate) => return deferred(gate),
     };
-    if let Some(gate) = rules::control_gate(&control, now) {
-        return deferred(gate);
-    }
-    // 3.2 concurrency.
-    if region::count_open_idle_migrations(tx).await? >= rules::MAX_OPEN_IDLE_MIGRATIONS {
-        return deferred("concurrency-limit");
-    }
     // 3.3 fleet safety: failing it disables the control, and that disable commits.
     let cells = facts(tx, now).await?;
     if !rules::fleet_safe(&cells, now) {
@@ -461,36 +472,117 @@ async fn commit_tx(
     }
     // 3.4 the host under lock.
     let host = key_of(req);
-    let row = match lock_row(tx, &host, None).await {
-        Ok(Some(r)) => r,
-        Ok(None) | Err(DbError::LockUnavailable) => return deferred(INELIGIBLE),
-        Err(e) => return Err(e.into()),
+    let Some(locked) = lock_host(tx, &host).await? else {
+        return deferred(INELIGIBLE);
     };
-    let leases = lock_leases(tx, &host).await?;
-    let open = lock_open_migration(tx, &host).await?;
-    let decision = region::lock_decision(tx, &host).await?;
-    let last_attempt = region::lock_latest_attempt_at(tx, &host).await?;
-    lock_reservations(tx, &host).await?;
     let source = cells.iter().find(|c| c.cell_id == req.source_cell_id);
     let target = cells.iter().find(|c| c.cell_id == req.target_cell_id);
     let (Some(source), Some(target)) = (source, target) else {
         return deferred(INELIGIBLE);
     };
+    let preferred = match move_decision(
+        req,
+        &locked,
+        (source, target),
+        &control,
+        cohort_percent,
+        now,
+    ) {
+        Ok(p) => p,
+        Err(r) => return deferred(r),
+    };
+    // 3.5 the writes of (kind idle-rehome, arrival 5 min) and the attempt.
+    let src = source_units(&locked.leases, &req.source_cell_id);
+    write_move(tx, req, &host, &locked.row, (target, src), &preferred, now).await?;
+    // 3.6 the rate slot.
+    // `updated_at` tracks operator and automatic changes only (see `disable_after_aborts`).
+    control.next_dispatch_at = now + rules::dispatch_interval_ms(control.rate_per_minute);
+    region::write_control(tx, &control).await?;
+    // 3.7 last: the conditional reserve on the target row, NOWAIT.
+    match region::reserve_on_general_target(tx, &target.cell_id, src + 1, now).await? {
+        Ok(()) => Ok((Committed::Committed, vec![])),
+        Err(ReserveRefusal::RowBusy) => Err(CommitFail::Rollback("target-row-busy")),
+        Err(ReserveRefusal::NotAdmitting) => Err(CommitFail::Rollback("target-not-admitting")),
+    }
+}
+
+/// 3.1 the control row NOWAIT and its gates, 3.2 the concurrency limit. `Ok(Err(reason))` defers:
+/// a busy control row means another commit is writing its dispatch slot right now, so the budget
+/// is, for this instant, taken.
+async fn lock_budget(tx: &mut Tx, now: i64) -> Result<Result<Control, &'static str>, CommitFail> {
+    let control = match region::lock_control(tx, true).await {
+        Ok(c) => c,
+        Err(DbError::LockUnavailable) => return Ok(Err("budget-closed")),
+        Err(e) => return Err(e.into()),
+    };
+    if let Some(gate) = rules::control_gate(&control, now) {
+        return Ok(Err(gate));
+    }
+    if region::count_open_idle_migrations(tx).await? >= rules::MAX_OPEN_IDLE_MIGRATIONS {
+        return Ok(Err("concurrency-limit"));
+    }
+    Ok(Ok(control))
+}
+
+/// The host's rows the commit reads under lock (3.4); its reservations are locked too.
+struct LockedHost {
+    row: crate::model::AssignmentRow,
+    leases: Vec<crate::model::Lease>,
+    open: Option<crate::model::OpenMigration>,
+    decision: Option<region::Decision>,
+    last_attempt: Option<i64>,
+}
+
+/// Locks the host in the lock order; `None` when its row is gone or busy (NOWAIT).
+async fn lock_host(tx: &mut Tx, host: &HostKey) -> Result<Option<LockedHost>, CommitFail> {
+    let row = match lock_row(tx, host, None).await {
+        Ok(Some(r)) => r,
+        Ok(None) | Err(DbError::LockUnavailable) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let leases = lock_leases(tx, host).await?;
+    let open = lock_open_migration(tx, host).await?;
+    let decision = region::lock_decision(tx, host).await?;
+    let last_attempt = region::lock_latest_attempt_at(tx, host).await?;
+    lock_reservations(tx, host).await?;
+    Ok(Some(LockedHost {
+        row,
+        leases,
+        open,
+        decision,
+        last_attempt,
+    }))
+}
+
+/// Whether the locked host may move from `source` to `target` now; the preferred region when it
+/// may, the deferral reason when not. The request must still describe the host (its home, epoch,
+/// and idle-capable control lease on the source's current incarnation); the host's preference
+/// must be valid and inside the cohort; no open migration, no attempt within the cooldown; the
+/// target in the preferred region, eligible, with headroom.
+fn move_decision(
+    req: &RehomeRequest,
+    locked: &LockedHost,
+    (source, target): (&CellFacts, &CellFacts),
+    control: &Control,
+    cohort_percent: i64,
+    now: i64,
+) -> Result<String, &'static str> {
+    let row = &locked.row;
     let lease_id = format!("control:{}:{}", req.source_cell_id, req.source_generation);
     let source_ok = row.cell_id == req.source_cell_id
         && row.assignment_epoch == req.source_assignment_epoch
         && rules::rehome_eligible(source, now)
         && source.incarnation.as_deref() == Some(req.source_cell_incarnation.as_str())
-        && leases.iter().any(|l| {
+        && locked.leases.iter().any(|l| {
             l.activity_id == lease_id
                 && l.cell_id == req.source_cell_id
                 && l.cell_incarnation.as_deref() == Some(req.source_cell_incarnation.as_str())
                 && l.idle_regional_rehome
         });
     if !source_ok {
-        return deferred(INELIGIBLE);
+        return Err(INELIGIBLE);
     }
-    let Some(d) = decision.filter(|d| {
+    let Some(d) = locked.decision.as_ref().filter(|d| {
         rules::valid_preference(
             d,
             row.assignment_epoch,
@@ -499,33 +591,53 @@ async fn commit_tx(
             now,
         )
     }) else {
-        return deferred(INELIGIBLE);
+        return Err(INELIGIBLE);
     };
     if d.cohort_bucket >= cohort_percent.min(control.cohort_percent) {
-        return deferred("cohort-closed");
+        return Err("cohort-closed");
     }
     let preferred = d.preferred_region.clone().unwrap_or_default();
-    if open.is_some()
-        || last_attempt.is_some_and(|t| t > now - control.host_cooldown_ms)
+    if locked.open.is_some()
+        || locked
+            .last_attempt
+            .is_some_and(|t| t > now - control.host_cooldown_ms)
         || target.region != preferred
         || !rules::rehome_eligible(target, now)
         || !target.headroom
     {
-        return deferred(INELIGIBLE);
+        return Err(INELIGIBLE);
     }
-    // 3.5 the writes of §7.1 (kind idle-rehome, arrival 5 min) and the attempt.
-    let src: i64 = leases
+    Ok(preferred)
+}
+
+/// The request units the host's leases hold on the source: what the move carries to the target.
+fn source_units(leases: &[crate::model::Lease], source_cell_id: &str) -> i64 {
+    leases
         .iter()
-        .filter(|l| l.cell_id == req.source_cell_id)
+        .filter(|l| l.cell_id == source_cell_id)
         .map(|l| l.request_units)
-        .sum();
+        .sum()
+}
+
+/// 3.5 the move's writes: the epoch's reservations released, the home set to the target at the
+/// next epoch, the target's `control-pending` and `migration` leases, a connection reservation on
+/// a capped target, the idle-rehome migration and the attempt record, the row's counters.
+async fn write_move(
+    tx: &mut Tx,
+    req: &RehomeRequest,
+    host: &HostKey,
+    row: &crate::model::AssignmentRow,
+    (target, src): (&CellFacts, i64),
+    preferred: &str,
+    now: i64,
+) -> Result<(), CommitFail> {
     let e = row.assignment_epoch + 1;
     let lease_exp = now + MOVE_LEASE_MS;
-    release_epoch_reservations(tx, &host, row.assignment_epoch, now).await?;
-    region::set_home(tx, &host, &target.cell_id, e, now).await?;
+    release_epoch_reservations(tx, host, row.assignment_epoch, now).await?;
+    region::set_home(tx, host, &target.cell_id, e, now).await?;
     insert_lease(
         tx,
-        &host,
+        host,
         &format!("control-pending:{e}"),
         LeaseKind::Control,
         &target.cell_id,
@@ -536,7 +648,7 @@ async fn commit_tx(
     .await?;
     insert_lease(
         tx,
-        &host,
+        host,
         &format!("migration:{e}"),
         LeaseKind::Migration,
         &target.cell_id,
@@ -546,11 +658,11 @@ async fn commit_tx(
     )
     .await?;
     if target.capped {
-        reserve_connection(tx, &host, e, &target.cell_id, now).await?;
+        reserve_connection(tx, host, e, &target.cell_id, now).await?;
     }
     region::insert_migration(
         tx,
-        &host,
+        host,
         &NewMigration {
             kind: "idle-rehome",
             assignment_epoch: e,
@@ -580,19 +692,10 @@ async fn commit_tx(
             created_at: now,
             aborted: false,
         },
-        &preferred,
+        preferred,
         now,
     )
     .await?;
-    refresh_row(tx, &host, Some(now), now).await?;
-    // 3.6 the rate slot.
-    // `updated_at` tracks operator and automatic changes only (see `disable_after_aborts`).
-    control.next_dispatch_at = now + rules::dispatch_interval_ms(control.rate_per_minute);
-    region::write_control(tx, &control).await?;
-    // 3.7 last: the conditional reserve on the target row, NOWAIT.
-    match region::reserve_on_general_target(tx, &target.cell_id, src + 1, now).await? {
-        Ok(()) => Ok((Committed::Committed, vec![])),
-        Err(ReserveRefusal::RowBusy) => Err(CommitFail::Rollback("target-row-busy")),
-        Err(ReserveRefusal::NotAdmitting) => Err(CommitFail::Rollback("target-not-admitting")),
-    }
+    refresh_row(tx, host, Some(now), now).await?;
+    Ok(())
 }

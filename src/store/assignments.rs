@@ -1,4 +1,4 @@
-//! Assignment and activity-lease operations called by cells (director.md §5.5, protocol.md §0).
+//! Assignment and activity-lease operations called by cells (ARCHITECTURE.md, docs/reference/websocket.md).
 //!
 //! These are the durable half of the "at most one cell serves a host" invariant: the cell checks its
 //! authority here before activating a control and on every renewal.
@@ -56,9 +56,15 @@ impl super::RetryClass for ActivityError {
             _ => None,
         }
     }
+    fn db_error(&self) -> Option<&crate::store::DbError> {
+        match self {
+            ActivityError::Db(e) => Some(e),
+            _ => None,
+        }
+    }
 }
 
-/// `activateControl` input (protocol.md §0, director.md §5.5).
+/// `activateControl` input (docs/reference/websocket.md, ARCHITECTURE.md).
 #[derive(Debug, Clone)]
 pub struct ActivateControl {
     pub cell_id: String,
@@ -77,7 +83,7 @@ pub struct RenewalRow {
     pub expires_at: i64,
 }
 
-/// Per-row outcome of a renewal batch (director.md §5.5).
+/// Per-row outcome of a renewal batch (ARCHITECTURE.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RenewalOutcome {
     Renewed,
@@ -94,9 +100,9 @@ pub enum RenewalOutcome {
 // ---------------------------------------------------------------------------------------------------
 // Shared row helpers (also used by placement, sweeps and migrations).
 
-/// Lease TTL of a grant's `control-pending:<epoch>` and of a default activity (director.md §5.1).
+/// Lease TTL of a grant's `control-pending:<epoch>` and of a default activity (ARCHITECTURE.md).
 pub const LEASE_TTL_MS: i64 = limits::DEFAULT_ACTIVITY_LEASE_MS;
-/// Wait for an assignment row in cell-driven operations (director.md §2).
+/// Wait for an assignment row in cell-driven operations (ARCHITECTURE.md).
 pub const CELL_DRIVEN_WAIT_MS: u64 = 1_000;
 
 /// Columns of [`AssignmentRow`], in order.
@@ -212,7 +218,7 @@ pub async fn lock_open_migration(
 }
 
 /// Locks the host's row (`NOWAIT` when `wait_ms` is `None`), then its leases, open migration and
-/// reservations, in the order of director.md §2; `None` when the host has no row.
+/// reservations, in the order of ARCHITECTURE.md; `None` when the host has no row.
 pub async fn lock_host(
     tx: &mut Tx,
     host: &HostKey,
@@ -253,7 +259,7 @@ pub type StickyRead = (HostView, Option<super::cells::CellView>);
 
 const ROW_WIDTH: usize = 11;
 
-/// The one statement of [`lock_sticky`]. Its CTEs lock, in the order of director.md §2, the
+/// The one statement of [`lock_sticky`]. Its CTEs lock, in the order of ARCHITECTURE.md, the
 /// assignment row (`NOWAIT`), then the leases and open migrations (tier 2) and the live
 /// reservations (tier 3), each only once the row is held (`EXISTS` on the row's CTE is a one-time
 /// filter evaluated first); the home cell row is read plainly (no tier-4 lock before branching).
@@ -329,7 +335,7 @@ fn json_rows(text: Option<String>) -> Result<Vec<super::Row>, DbError> {
         .collect()
 }
 
-/// The sticky grant's read (director.md §5.2 A.2–A.3 and the home of A.4) in one statement and
+/// The sticky grant's read (ARCHITECTURE.md A.2–A.3 and the home of A.4) in one statement and
 /// one round trip: locks the host's row `NOWAIT` (busy → `DbError::LockUnavailable`), then its
 /// leases, open migrations and reservations, and reads the home with runtime, fence and
 /// outstanding reservations. `None` when the host has no row.
@@ -485,8 +491,9 @@ pub async fn move_row(
     Ok(())
 }
 
-/// Inserts a first assignment row at epoch 1; `DbError::UniqueViolation` when another
-/// transaction placed the host first.
+/// Inserts a first assignment row; `DbError::UniqueViolation` when another transaction placed
+/// the host first. Returns its epoch: 1, or 1 above the epoch floor a Postgres failover left
+/// ([`super::timeline`]), so a host whose row a failover lost never gets an epoch it saw again.
 pub async fn insert_row(
     tx: &mut Tx,
     host: &HostKey,
@@ -494,23 +501,26 @@ pub async fn insert_row(
     lease_expires_at: i64,
     preferred_region: Option<&str>,
     now: i64,
-) -> Result<(), DbError> {
-    tx.execute(
-        "INSERT INTO relay_assignments (user_id, relay_host_id, cell_id, assignment_epoch, \
-         lease_expires_at, last_activity_at, preferred_region, preferred_region_observed_at, \
-         created_at, updated_at) VALUES ($1, $2, $3, 1, $4, $5, $6, $7, $5, $5)",
-        params![
-            &host.user_id,
-            &host.relay_host_id,
-            cell_id,
-            lease_expires_at,
-            now,
-            preferred_region,
-            preferred_region.map(|_| now)
-        ],
-    )
-    .await?;
-    Ok(())
+) -> Result<i64, DbError> {
+    let rows = tx
+        .query(
+            "INSERT INTO relay_assignments (user_id, relay_host_id, cell_id, assignment_epoch, \
+             lease_expires_at, last_activity_at, preferred_region, preferred_region_observed_at, \
+             created_at, updated_at) VALUES ($1, $2, $3, \
+             1 + (SELECT CAST(COALESCE(MAX(epoch_floor), 0) AS BIGINT) FROM relay_store_timeline), \
+             $4, $5, $6, $7, $5, $5) RETURNING assignment_epoch",
+            params![
+                &host.user_id,
+                &host.relay_host_id,
+                cell_id,
+                lease_expires_at,
+                now,
+                preferred_region,
+                preferred_region.map(|_| now)
+            ],
+        )
+        .await?;
+    Ok(rows.first().map(|r| r.i64(0)).unwrap_or(1))
 }
 
 /// Locks the host's connection reservations (tier 3).
@@ -725,7 +735,7 @@ pub async fn release_epoch_reservations(
     Ok(())
 }
 
-/// Checks an activity id against its kind (director.md §5.1, §5.5).
+/// Checks an activity id against its kind (ARCHITECTURE.md).
 pub fn check_activity_id(id: &str, kind: ActivityKind) -> Result<(), ActivityError> {
     if ActivityId::director_only(id) {
         return Err(ActivityError::InvalidActivityKind);
@@ -738,13 +748,13 @@ pub fn check_activity_id(id: &str, kind: ActivityKind) -> Result<(), ActivityErr
     }
 }
 
-/// Request units of a kind (director.md §5.1).
+/// Request units of a kind (ARCHITECTURE.md).
 pub fn kind_units(kind: ActivityKind) -> i64 {
     kind.units()
 }
 
 // ---------------------------------------------------------------------------------------------------
-// The operations of director.md §5.5
+// The operations of ARCHITECTURE.md
 
 /// True iff the host's row names `cell_id` at exactly `epoch` (plain read).
 pub async fn verify_cell_assignment(
@@ -778,6 +788,52 @@ pub async fn resolve_assignment(
     }))
 }
 
+/// The control lease `id` for the activation: kept if it exists (the epoch's `control-pending`
+/// then deleted), else the pending lease renamed to it, else a new lease charged to the cell.
+async fn take_control_lease(
+    tx: &mut Tx,
+    host: &HostKey,
+    req: &ActivateControl,
+    leases: &[Lease],
+    (id, epoch): (&str, i64),
+    now: i64,
+) -> Result<(), ActivityError> {
+    let pending_id = ActivityId::ControlPending { epoch }.to_string();
+    let pending = leases
+        .iter()
+        .find(|l| l.activity_id == pending_id && l.cell_id == req.cell_id);
+    let existing = leases.iter().find(|l| l.activity_id == id);
+    match (existing, pending) {
+        (Some(_), Some(p)) => delete_lease(tx, host, p, now).await?,
+        (Some(_), None) => {}
+        (None, Some(_)) => {
+            tx.execute(
+                "UPDATE relay_assignment_activity_leases SET activity_id = $4 \
+                 WHERE user_id = $1 AND relay_host_id = $2 AND activity_id = $3",
+                params![&host.user_id, &host.relay_host_id, &pending_id, id],
+            )
+            .await?;
+        }
+        (None, None) => {
+            if !charge_cell(tx, &req.cell_id, 1, now).await? {
+                return Err(ActivityError::RelayCapacityExhausted);
+            }
+            insert_lease(
+                tx,
+                host,
+                id,
+                LeaseKind::Control,
+                &req.cell_id,
+                1,
+                now + LEASE_TTL_MS,
+                now,
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
 /// Converts `control-pending:<epoch>` (or charges 1) into `control:<cellId>:<generation>`; returns
 /// the activity id.
 pub async fn activate_control(
@@ -800,42 +856,7 @@ pub async fn activate_control(
         };
         let leases = lock_leases(tx, host).await?;
         lock_reservations(tx, host).await?;
-        let pending_id = ActivityId::ControlPending {
-            epoch: row.assignment_epoch,
-        }
-        .to_string();
-        let pending = leases
-            .iter()
-            .find(|l| l.activity_id == pending_id && l.cell_id == req.cell_id);
-        let existing = leases.iter().find(|l| l.activity_id == id);
-        match (existing, pending) {
-            (Some(_), Some(p)) => delete_lease(tx, host, p, now).await?,
-            (Some(_), None) => {}
-            (None, Some(_)) => {
-                tx.execute(
-                    "UPDATE relay_assignment_activity_leases SET activity_id = $4 \
-                     WHERE user_id = $1 AND relay_host_id = $2 AND activity_id = $3",
-                    params![&host.user_id, &host.relay_host_id, &pending_id, &id],
-                )
-                .await?;
-            }
-            (None, None) => {
-                if !charge_cell(tx, &req.cell_id, 1, now).await? {
-                    return Err(ActivityError::RelayCapacityExhausted);
-                }
-                insert_lease(
-                    tx,
-                    host,
-                    &id,
-                    LeaseKind::Control,
-                    &req.cell_id,
-                    1,
-                    now + LEASE_TTL_MS,
-                    now,
-                )
-                .await?;
-            }
-        }
+        take_control_lease(tx, host, req, &leases, (&id, row.assignment_epoch), now).await?;
         tx.execute(
             "UPDATE relay_assignment_activity_leases SET control_generation = $4, cell_incarnation = $5, \
              idle_regional_rehome = $6, renewed_at = $7, expires_at = $8, updated_at = $7 \
@@ -1205,21 +1226,9 @@ pub async fn try_renew_control_activities(
     now: i64,
 ) -> Result<Vec<RenewalOutcome>, DbError> {
     let incarnation = cell_incarnation.to_ascii_lowercase();
-    // Pre-checks that need no database.
     let pre: Vec<Option<RenewalOutcome>> = rows
         .iter()
-        .map(|r| match parse_control_id(&r.activity_id) {
-            Some((c, _)) if c == cell_id => {
-                if r.expires_at <= now
-                    || r.expires_at > now + limits::CONTROL_ACTIVITY_EXPIRY_MAX_MS
-                {
-                    Some(RenewalOutcome::InvalidActivityExpiry)
-                } else {
-                    None
-                }
-            }
-            _ => Some(RenewalOutcome::InvalidActivityId),
-        })
+        .map(|r| renewal_precheck(r, cell_id, now))
         .collect();
     let mut hosts: Vec<&HostKey> = rows
         .iter()
@@ -1230,110 +1239,177 @@ pub async fn try_renew_control_activities(
     hosts.sort();
     hosts.dedup();
     let result: Result<Vec<RenewalOutcome>, DbError> = transaction!(db, "activity-lease", |tx| {
-        // Tier 1 in key order, skipping rows locked elsewhere.
-        let mut locked: std::collections::HashMap<&HostKey, Option<AssignmentRow>> =
-            std::collections::HashMap::new();
-        for h in &hosts {
-            let r = tx
-                .query_opt(
-                    &format!(
-                        "SELECT {ROW_COLUMNS} FROM relay_assignments WHERE user_id = $1 AND relay_host_id = $2 \
-                         FOR UPDATE SKIP LOCKED"
-                    ),
-                    params![&h.user_id, &h.relay_host_id],
-                )
-                .await?;
-            let row = r.map(|r| row_from(&r));
-            locked.insert(*h, row);
-        }
+        let locked = lock_renewal_hosts(tx, &hosts).await?;
         let mut out = Vec::with_capacity(rows.len());
         for (r, p) in rows.iter().zip(&pre) {
             if let Some(p) = p {
                 out.push(*p);
                 continue;
             }
-            let row = match locked.get(&r.host).cloned().flatten() {
-                Some(row) => row,
-                None => {
-                    // Skipped by the locking read, or absent: a plain read tells which.
-                    let seen = tx
-                        .query_opt(
-                            "SELECT cell_id FROM relay_assignments WHERE user_id = $1 AND relay_host_id = $2",
-                            params![&r.host.user_id, &r.host.relay_host_id],
-                        )
-                        .await?;
-                    out.push(if seen.is_some() {
-                        RenewalOutcome::AssignmentLockUnavailable
-                    } else {
-                        RenewalOutcome::AssignmentNotFound
-                    });
-                    continue;
-                }
-            };
-            if row.cell_id != cell_id {
-                out.push(RenewalOutcome::ActivityCellNotAuthoritative);
-                continue;
-            }
-            let lease = tx
-                .query_opt(
-                    &format!(
-                        "SELECT {LEASE_COLUMNS} FROM relay_assignment_activity_leases \
-                         WHERE user_id = $1 AND relay_host_id = $2 AND activity_id = $3 FOR UPDATE"
-                    ),
-                    params![&r.host.user_id, &r.host.relay_host_id, &r.activity_id],
-                )
-                .await?
-                .map(|x| lease_from(&x));
-            let lease = match lease {
-                Some(l) => l,
-                None => {
-                    out.push(RenewalOutcome::ControlActivityNotFound);
-                    continue;
-                }
-            };
-            if lease.cell_id != cell_id
-                || lease
-                    .cell_incarnation
-                    .as_deref()
-                    .is_some_and(|i| i != incarnation)
-            {
-                out.push(RenewalOutcome::ControlActivityMoved);
-                continue;
-            }
-            let generation = parse_control_id(&r.activity_id).map(|(_, g)| g);
-            tx.execute(
-                "UPDATE relay_assignment_activity_leases SET expires_at = $4, renewed_at = $5, updated_at = $5, \
-                 cell_incarnation = CASE WHEN cell_incarnation IS NULL THEN CAST($6 AS TEXT) ELSE cell_incarnation END, \
-                 control_generation = CASE WHEN control_generation IS NULL THEN CAST($7 AS BIGINT) ELSE control_generation END \
-                 WHERE user_id = $1 AND relay_host_id = $2 AND activity_id = $3",
-                params![
-                    &r.host.user_id,
-                    &r.host.relay_host_id,
-                    &r.activity_id,
-                    r.expires_at,
-                    now,
-                    &incarnation,
-                    generation
-                ],
-            )
-            .await?;
-            tx.execute(
-                "UPDATE relay_assignment_activity_leases SET expires_at = $4, updated_at = $5 \
-                 WHERE user_id = $1 AND relay_host_id = $2 AND cell_id = $3 AND expires_at > $5 \
-                 AND expires_at < $4 AND activity_kind IN ('splice', 'confirmation')",
-                params![
-                    &r.host.user_id,
-                    &r.host.relay_host_id,
-                    cell_id,
-                    r.expires_at,
-                    now
-                ],
-            )
-            .await?;
-            refresh_row(tx, &r.host, Some(now), now).await?;
-            out.push(RenewalOutcome::Renewed);
+            let row = locked.get(&r.host).cloned().flatten();
+            out.push(renew_one(tx, r, row, cell_id, &incarnation, now).await?);
         }
         Ok::<_, DbError>(out)
     });
     result
+}
+
+/// The checks that need no database: the activity is a control of this cell, and its new expiry
+/// lies in the future within the maximum. `None` when the row goes on to the store.
+fn renewal_precheck(r: &RenewalRow, cell_id: &str, now: i64) -> Option<RenewalOutcome> {
+    match parse_control_id(&r.activity_id) {
+        Some((c, _)) if c == cell_id => {
+            if r.expires_at <= now || r.expires_at > now + limits::CONTROL_ACTIVITY_EXPIRY_MAX_MS {
+                Some(RenewalOutcome::InvalidActivityExpiry)
+            } else {
+                None
+            }
+        }
+        _ => Some(RenewalOutcome::InvalidActivityId),
+    }
+}
+
+/// Tier 1 in key order, skipping rows locked elsewhere: each host's assignment row, `None` when
+/// skipped or absent.
+async fn lock_renewal_hosts<'h>(
+    tx: &mut Tx,
+    hosts: &[&'h HostKey],
+) -> Result<std::collections::HashMap<&'h HostKey, Option<AssignmentRow>>, DbError> {
+    let mut locked = std::collections::HashMap::new();
+    for h in hosts {
+        let r = tx
+            .query_opt(
+                &format!(
+                    "SELECT {ROW_COLUMNS} FROM relay_assignments WHERE user_id = $1 AND relay_host_id = $2 \
+                     FOR UPDATE SKIP LOCKED"
+                ),
+                params![&h.user_id, &h.relay_host_id],
+            )
+            .await?;
+        locked.insert(*h, r.map(|r| row_from(&r)));
+    }
+    Ok(locked)
+}
+
+/// Renews one control activity whose host row is `row` (locked, or `None`): the row must be
+/// assigned to this cell and the lease still this cell's (and this incarnation's, once it has
+/// one). A renewal also extends the host's splice and confirmation leases on this cell.
+async fn renew_one(
+    tx: &mut Tx,
+    r: &RenewalRow,
+    row: Option<AssignmentRow>,
+    cell_id: &str,
+    incarnation: &str,
+    now: i64,
+) -> Result<RenewalOutcome, DbError> {
+    let Some(row) = row else {
+        // Skipped by the locking read, or absent: a plain read tells which.
+        let seen = tx
+            .query_opt(
+                "SELECT cell_id FROM relay_assignments WHERE user_id = $1 AND relay_host_id = $2",
+                params![&r.host.user_id, &r.host.relay_host_id],
+            )
+            .await?;
+        return Ok(if seen.is_some() {
+            RenewalOutcome::AssignmentLockUnavailable
+        } else {
+            RenewalOutcome::AssignmentNotFound
+        });
+    };
+    if row.cell_id != cell_id {
+        return Ok(RenewalOutcome::ActivityCellNotAuthoritative);
+    }
+    let lease = tx
+        .query_opt(
+            &format!(
+                "SELECT {LEASE_COLUMNS} FROM relay_assignment_activity_leases \
+                 WHERE user_id = $1 AND relay_host_id = $2 AND activity_id = $3 FOR UPDATE"
+            ),
+            params![&r.host.user_id, &r.host.relay_host_id, &r.activity_id],
+        )
+        .await?
+        .map(|x| lease_from(&x));
+    let Some(lease) = lease else {
+        return Ok(RenewalOutcome::ControlActivityNotFound);
+    };
+    if lease.cell_id != cell_id
+        || lease
+            .cell_incarnation
+            .as_deref()
+            .is_some_and(|i| i != incarnation)
+    {
+        return Ok(RenewalOutcome::ControlActivityMoved);
+    }
+    let generation = parse_control_id(&r.activity_id).map(|(_, g)| g);
+    tx.execute(
+        "UPDATE relay_assignment_activity_leases SET expires_at = $4, renewed_at = $5, updated_at = $5, \
+         cell_incarnation = CASE WHEN cell_incarnation IS NULL THEN CAST($6 AS TEXT) ELSE cell_incarnation END, \
+         control_generation = CASE WHEN control_generation IS NULL THEN CAST($7 AS BIGINT) ELSE control_generation END \
+         WHERE user_id = $1 AND relay_host_id = $2 AND activity_id = $3",
+        params![
+            &r.host.user_id,
+            &r.host.relay_host_id,
+            &r.activity_id,
+            r.expires_at,
+            now,
+            incarnation,
+            generation
+        ],
+    )
+    .await?;
+    tx.execute(
+        "UPDATE relay_assignment_activity_leases SET expires_at = $4, updated_at = $5 \
+         WHERE user_id = $1 AND relay_host_id = $2 AND cell_id = $3 AND expires_at > $5 \
+         AND expires_at < $4 AND activity_kind IN ('splice', 'confirmation')",
+        params![
+            &r.host.user_id,
+            &r.host.relay_host_id,
+            cell_id,
+            r.expires_at,
+            now
+        ],
+    )
+    .await?;
+    refresh_row(tx, &r.host, Some(now), now).await?;
+    Ok(RenewalOutcome::Renewed)
+}
+
+#[cfg(test)]
+mod renewal_tests {
+    use super::*;
+
+    fn row(activity_id: &str, expires_at: i64) -> RenewalRow {
+        RenewalRow {
+            host: HostKey {
+                user_id: "u".into(),
+                relay_host_id: "h".into(),
+            },
+            activity_id: activity_id.into(),
+            expires_at,
+        }
+    }
+
+    #[test]
+    fn precheck_needs_a_control_of_this_cell_and_an_expiry_in_range() {
+        let now = 1_000;
+        let max = now + limits::CONTROL_ACTIVITY_EXPIRY_MAX_MS;
+        assert_eq!(
+            renewal_precheck(&row("control:A:3", now + 1), "A", now),
+            None
+        );
+        assert_eq!(renewal_precheck(&row("control:A:3", max), "A", now), None);
+        for expires in [now, max + 1] {
+            assert_eq!(
+                renewal_precheck(&row("control:A:3", expires), "A", now),
+                Some(RenewalOutcome::InvalidActivityExpiry)
+            );
+        }
+        for id in ["control:B:3", "splice:x", "control:A"] {
+            assert_eq!(
+                renewal_precheck(&row(id, now + 1), "A", now),
+                Some(RenewalOutcome::InvalidActivityId),
+                "{id}"
+            );
+        }
+    }
 }

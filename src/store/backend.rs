@@ -1,10 +1,12 @@
-//! The storage trait and the handle that dispatches to the configured backend.
+//! The handle that dispatches to the configured backend (the trait it dispatches to is `driver`).
 
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use prometheus::HistogramVec;
+use prometheus::{HistogramVec, IntCounterVec};
 
+use super::driver::scope_key;
+pub use super::driver::Backend;
 use super::postgres::{PgDb, PgTx};
 use super::sqlite::{SqliteDb, SqliteTx};
 use super::{DbError, PressureSnapshot, Row, Value, WaitTracker};
@@ -25,33 +27,14 @@ impl DbKind {
     }
 }
 
-/// What a backend's open transaction must offer. Statements use Postgres syntax; a backend that
-/// cannot take row locks treats the locking clauses and scopes as no-ops (README §5, push.md §10).
-#[allow(async_fn_in_trait)]
-pub trait Backend {
-    async fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError>;
-    async fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64, DbError>;
-    async fn execute_batch(&mut self, sql: &str) -> Result<(), DbError>;
-    /// `SET LOCAL lock_timeout` for the rest of the transaction.
-    async fn set_lock_timeout(&mut self, ms: u64) -> Result<(), DbError>;
-    /// Waits for the transaction-scoped advisory lock named `scope`.
-    async fn scope_lock(&mut self, scope: &str) -> Result<(), DbError>;
-    /// Takes the advisory lock named `scope` if free.
-    async fn try_scope_lock(&mut self, scope: &str) -> Result<bool, DbError>;
-    /// Runs the transaction's last statement and commits, in one round trip where the backend
-    /// can pipeline; the later `commit` is then a no-op and any further statement an error.
-    async fn finish_with(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Row>, DbError>;
-    async fn commit(self) -> Result<(), DbError>;
-    async fn rollback(self);
-}
-
 /// A shared handle on the database (cheap to clone).
 #[derive(Clone)]
 pub struct Db {
     inner: Arc<Inner>,
-    /// Where every operation's duration goes (`orca_relay_db_seconds{op}`); set once by the
-    /// composition root. The store knows only the histogram, not who registered it.
-    observer: Arc<OnceLock<HistogramVec>>,
+    /// Where every operation's duration and failure go (`orca_relay_db_seconds{op}`,
+    /// `orca_relay_db_errors_total{op,kind}`); set once by the composition root. The store knows
+    /// only the two series, not who registered them.
+    observer: Arc<OnceLock<(HistogramVec, IntCounterVec)>>,
 }
 
 enum Inner {
@@ -83,16 +66,25 @@ impl Db {
         })
     }
 
-    /// Sends every later operation's duration to `h` (one label: the operation). First call wins.
-    pub fn observe_with(&self, h: HistogramVec) {
-        let _ = self.observer.set(h);
+    /// Sends every later operation's duration to `h` (one label: the operation) and every failed
+    /// operation to `errors` (labels: the operation, [`DbError::kind`]). First call wins.
+    pub fn observe_with(&self, h: HistogramVec, errors: IntCounterVec) {
+        let _ = self.observer.set((h, errors));
+    }
+
+    /// Counts that store operation `op` failed with `e`. Called by [`crate::transaction!`] once
+    /// per failed call (after its retries) and by the plain entry points below.
+    pub fn count_error(&self, op: &'static str, e: &DbError) {
+        if let Some((_, errors)) = self.observer.get() {
+            errors.with_label_values(&[op, e.kind()]).inc();
+        }
     }
 
     /// Records that store operation `op` (a bounded, caller-given name) took since `started`.
     /// Called by [`crate::transaction!`] once per operation (retries included) and by the plain
     /// entry points below.
     pub fn observe(&self, op: &'static str, started: Instant) {
-        if let Some(h) = self.observer.get() {
+        if let Some((h, _)) = self.observer.get() {
             h.with_label_values(&[op])
                 .observe(started.elapsed().as_secs_f64());
         }
@@ -132,7 +124,10 @@ impl Db {
             Inner::Postgres(db) => db.read(sql, params).await,
         };
         self.observe(op, started);
-        r.inspect_err(|e| self.waits().record_error(e))
+        r.inspect_err(|e| {
+            self.waits().record_error(e);
+            self.count_error(op, e);
+        })
     }
 
     /// A single-statement write in its own transaction.
@@ -140,7 +135,7 @@ impl Db {
         let started = Instant::now();
         let r = self.execute_once(sql, params).await;
         self.observe("execute", started);
-        r
+        r.inspect_err(|e| self.count_error("execute", e))
     }
 
     async fn execute_once(&self, sql: &str, params: &[Value]) -> Result<u64, DbError> {
@@ -252,7 +247,7 @@ impl Tx {
     }
 
     /// Tries every scope in one round trip (Postgres: one `SELECT` of `pg_try_advisory_xact_lock`
-    /// calls, evaluated left to right); one answer per scope. SQLite: all succeed (push.md §10).
+    /// calls, evaluated left to right); one answer per scope. SQLite: all succeed (ARCHITECTURE.md).
     pub async fn try_scope_locks(&mut self, scopes: &[String]) -> Result<Vec<bool>, DbError> {
         match self {
             Tx::Sqlite(_) => Ok(vec![true; scopes.len()]),
@@ -301,12 +296,4 @@ impl Tx {
     pub async fn rollback(self) {
         dispatch!(self, t => t.rollback().await)
     }
-}
-
-/// The advisory-lock key of a scope: the first 8 bytes of SHA-256(scope), big-endian signed
-/// (push.md §10).
-pub fn scope_key(scope: &str) -> i64 {
-    use sha2::{Digest, Sha256};
-    let d = Sha256::digest(scope.as_bytes());
-    i64::from_be_bytes(d[..8].try_into().unwrap())
 }

@@ -1,4 +1,4 @@
-//! Cell rows, runtime rows and fences (director.md §1.1, §3.6, §3.8, §4): reads into the plain
+//! Cell rows, runtime rows and fences (ARCHITECTURE.md / docs/reference/http.md / docs/operations.md): reads into the plain
 //! [`CellView`] the placement rules take, the row writes of the heartbeat transaction (which the
 //! director's heartbeat service composes), cell upserts and state changes.
 
@@ -23,7 +23,7 @@ pub enum Which<'a> {
     /// Two cells (source and target), locked together in one statement.
     Pair(&'a str, &'a str),
     /// The `general` cells other than `exclude`, inside `region` (`inside`) or outside it: the
-    /// narrow isolated-replacement path (director.md §5.2 I).
+    /// narrow isolated-replacement path (ARCHITECTURE.md I).
     Region {
         region: &'a str,
         exclude: &'a str,
@@ -88,15 +88,9 @@ fn runtime_from_row(r: &Row) -> Runtime {
     }
 }
 
-/// Reads cells with runtime, fence and outstanding reservations, ascending by `cell_id`. With
-/// `lock`, the cell rows are locked in one statement (tier 4); runtime, fence and reservation
-/// reads are plain (director.md §2).
-pub async fn views(
-    mut r: Reader<'_>,
-    which: Which<'_>,
-    lock: bool,
-) -> Result<Vec<CellView>, DbError> {
-    let (filter, p): (&str, Vec<Value>) = match which {
+/// The `WHERE` clause of the cell rows `which` names, with its parameters.
+fn cell_filter(which: Which<'_>) -> (&'static str, Vec<Value>) {
+    match which {
         Which::All => ("", vec![]),
         Which::General => (" WHERE admission_state = 'general'", vec![]),
         Which::One(id) => (" WHERE cell_id = $1", vec![Value::from(id)]),
@@ -116,7 +110,18 @@ pub async fn views(
             },
             vec![Value::from(exclude), Value::from(region)],
         ),
-    };
+    }
+}
+
+/// Reads cells with runtime, fence and outstanding reservations, ascending by `cell_id`. With
+/// `lock`, the cell rows are locked in one statement (tier 4); runtime, fence and reservation
+/// reads are plain (ARCHITECTURE.md).
+pub async fn views(
+    mut r: Reader<'_>,
+    which: Which<'_>,
+    lock: bool,
+) -> Result<Vec<CellView>, DbError> {
+    let (filter, p) = cell_filter(which);
     if !lock {
         return joined_views(r, filter, &p).await;
     }
@@ -205,7 +210,7 @@ pub async fn view(db: &Db, cell_id: &str) -> Result<Option<CellView>, DbError> {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Heartbeats (director.md §3.6): the primitives of the director's heartbeat transaction.
+// Heartbeats (docs/reference/http.md): the primitives of the director's heartbeat transaction.
 
 /// Locks the cell row (tier 4) and reads it without runtime or fence.
 pub async fn lock_cell(tx: &mut Tx, cell_id: &str) -> Result<Option<CellView>, DbError> {
@@ -303,7 +308,7 @@ pub async fn write_runtime(
     Ok(())
 }
 
-/// Stores the cell's regional-rehome protocol and safety report (director.md §3.7).
+/// Stores the cell's regional-rehome protocol and safety report (docs/reference/http.md).
 pub async fn set_rehome_status(
     tx: &mut Tx,
     cell_id: &str,
@@ -330,7 +335,7 @@ pub async fn delete_fence_in(tx: &mut Tx, cell_id: &str) -> Result<(), DbError> 
     Ok(())
 }
 
-/// §4.4: claimed reservations of this cell that a beat accounts for (same incarnation and
+///: claimed reservations of this cell that a beat accounts for (same incarnation and
 /// watermark ≤ W) or that belong to another incarnation → `released`.
 pub async fn release_settled_reservations(
     db: &Db,
@@ -349,7 +354,7 @@ pub async fn release_settled_reservations(
     Ok(())
 }
 
-/// Deletes the cell's fence in a small transaction of its own (cell row first, §2).
+/// Deletes the cell's fence in a small transaction of its own (cell row first).
 pub async fn delete_fence(db: &Db, cell_id: &str) -> Result<(), DbError> {
     crate::transaction!(db, "cell-runtime", |tx| {
         tx.query(
@@ -363,7 +368,7 @@ pub async fn delete_fence(db: &Db, cell_id: &str) -> Result<(), DbError> {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Upserts and admission (director.md §3.8)
+// Upserts and admission (docs/reference/http.md)
 
 /// A cell as registered by `cells`, `ORCA_RELAY_CELLS` or the local cell.
 #[derive(Debug, Clone)]
@@ -393,6 +398,12 @@ impl super::RetryClass for CellError {
     fn retry_code(&self) -> Option<&'static str> {
         match self {
             CellError::Db(e) => e.retry_code(),
+            _ => None,
+        }
+    }
+    fn db_error(&self) -> Option<&crate::store::DbError> {
+        match self {
+            CellError::Db(e) => Some(e),
             _ => None,
         }
     }
@@ -494,7 +505,7 @@ pub async fn upsert_all(db: &Db, specs: &[CellSpec], now: i64) -> Result<Vec<boo
     })
 }
 
-/// `cell-state`: sets the admission state and the roll stamp by the table of §6.2. Leaving
+/// `cell-state`: sets the admission state and the roll stamp by the table. Leaving
 /// `existing-only` deletes the fence.
 pub async fn set_state(
     db: &Db,
@@ -538,7 +549,7 @@ pub async fn set_state(
     })
 }
 
-/// `cell-fence` (§4.3): writes `fence` when the cell is `existing-only` and its runtime row belongs
+/// `cell-fence`: writes `fence` when the cell is `existing-only` and its runtime row belongs
 /// to the fence's incarnation and was last heard at or before `heard_by` (the caller's staleness
 /// bound).
 pub async fn attest_fence(

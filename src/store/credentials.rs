@@ -1,4 +1,4 @@
-//! Phone credentials (protocol.md §7): invites, devices with resume tokens, connection bases,
+//! Phone credentials (docs/reference/websocket.md): invites, devices with resume tokens, connection bases,
 //! direct authorizations, install/confirm results, rate windows and audit events.
 //!
 //! Tokens never touch the database: only `token_hash` (unpadded base64url SHA-256 of the token
@@ -42,6 +42,12 @@ impl super::RetryClass for CredError {
         match self {
             CredError::Db(e) => e.retry_code(),
             CredError::Code(_) => None,
+        }
+    }
+    fn db_error(&self) -> Option<&crate::store::DbError> {
+        match self {
+            CredError::Db(e) => Some(e),
+            _ => None,
         }
     }
 }
@@ -99,7 +105,7 @@ pub struct NewInvite {
     pub invalidated_offers: Vec<String>,
 }
 
-/// `invite-create` (§7.1): mint rate (30 per fixed minute per user), invalidate the device's live
+/// `invite-create`: mint rate (30 per fixed minute per user), invalidate the device's live
 /// invites, insert an `available` invite expiring now + 570 000.
 pub async fn create_invite(
     db: &Db,
@@ -152,7 +158,7 @@ pub async fn create_invite(
     })
 }
 
-/// What a phone credential resolves to (§7.1 resolve, §7.2).
+/// What a phone credential resolves to (resolve).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolved {
     Invite {
@@ -266,7 +272,7 @@ pub struct Reservation {
     pub lease_expires_at: i64,
 }
 
-/// Reserve (§7.1): `available`, or `cooldown` past its time, with attempts < max → `reserved`,
+/// Reserve: `available`, or `cooldown` past its time, with attempts < max → `reserved`,
 /// attempts + 1, lease = min(expiresAt, now + 15 000). A lapsed reservation turns `cooldown`.
 pub async fn reserve_invite(db: &Db, hash: &str, now: i64) -> Result<Option<Reservation>, DbError> {
     transaction!(db, "invite-reserve", |tx| {
@@ -321,7 +327,7 @@ pub async fn reserve_invite(db: &Db, hash: &str, now: i64) -> Result<Option<Rese
     })
 }
 
-/// Fail (§7.1): a failure after reservation while still reserved under `reservation_id`:
+/// Fail: a failure after reservation while still reserved under `reservation_id`:
 /// attempts ≥ 5 → `invalidated` (returns its offer `reqId`), else `cooldown` for 2 000 ms.
 pub async fn fail_invite(
     db: &Db,
@@ -358,7 +364,7 @@ pub async fn fail_invite(
     })
 }
 
-/// A connection basis (§6 step 4): what a later install or confirmation may rely on.
+/// A connection basis (step 4): what a later install or confirmation may rely on.
 #[derive(Debug, Clone)]
 pub struct Basis {
     pub conn_id: String,
@@ -419,7 +425,7 @@ pub struct Installed {
     pub ended_offers: Vec<String>,
 }
 
-/// `device-credential-install` (§7.2 steps 1–6). `session_active`: the session is `active` (an
+/// `device-credential-install` (steps 1–6). `session_active`: the session is `active` (an
 /// `authenticated-direct` install needs it).
 pub async fn install(
     db: &Db,
@@ -434,6 +440,9 @@ pub async fn install(
     })
 }
 
+/// One install: a repeated request answers its recorded result; otherwise the authorization is
+/// checked (and a direct one recorded), the device's credential rotated, the offers it ends
+/// closed, direct authorizations consumed, and the result recorded and audited.
 async fn install_tx(
     tx: &mut Tx,
     host: &HostKey,
@@ -447,60 +456,158 @@ async fn install_tx(
         host.relay_host_id.as_str(),
         req.device.as_str(),
     );
-    if let Some(r) = tx
-        .query_opt(
-            "SELECT result_json FROM relay_install_results WHERE user_id = $1 AND relay_host_id = $2 \
-             AND relay_device_id = $3 AND req_id = $4",
-            params![u, h, d, req.req_id.as_str()],
-        )
-        .await?
-    {
-        let result = serde_json::from_str(&r.str(0)).map_err(|e| DbError::Fatal(e.to_string()))?;
+    if let Some(result) = recorded_install(tx, host, req).await? {
         return Ok(Installed {
             result,
             ended_offers: Vec::new(),
         });
     }
-    let mode;
-    let mut invite_hash = None;
-    match &req.auth {
+    let (mode, invite_hash) = match &req.auth {
         InstallAuth::RelayBasis { basis_conn_id } => {
-            mode = "relay-basis";
-            let basis = tx
-                .query_opt(
-                    "SELECT invite_token_hash FROM relay_connection_bases WHERE basis_conn_id = $1 AND user_id = $2 \
-                     AND relay_host_id = $3 AND relay_device_id = $4 AND credential_kind = 'invite' \
-                     AND owning_control_generation = $5 AND active = $6 AND deadline >= $7",
-                    params![basis_conn_id.as_str(), u, h, d, generation, true, now],
-                )
-                .await?;
-            match basis.and_then(|b| b.opt_str(0)) {
-                Some(hash) => invite_hash = Some(hash),
-                None => return Err(CredError::Code("invalid_relay_basis")),
-            }
+            let hash = relay_basis_invite(tx, host, d, basis_conn_id, generation, now).await?;
+            ("relay-basis", Some(hash))
         }
         InstallAuth::AuthenticatedDirect { direct_auth_id } => {
-            mode = "authenticated-direct";
             if !session_active {
                 return Err(CredError::Code("authorization_expired"));
             }
-            let seen = tx
-                .query_opt(
-                    "SELECT 1 FROM relay_direct_authorizations WHERE direct_auth_id = $1",
-                    params![direct_auth_id.as_str()],
-                )
-                .await?;
-            if seen.is_some() {
-                return Err(CredError::Code("invalid_direct_authorization"));
-            }
-            tx.execute(
-                "INSERT INTO relay_direct_authorizations (direct_auth_id, user_id, relay_host_id, relay_device_id, \
-                 owning_control_generation, deadline, consumed_at) VALUES ($1, $2, $3, $4, $5, $6, NULL)",
-                params![direct_auth_id.as_str(), u, h, d, generation, now + limits::RESUME_BASIS_DEADLINE_MS],
-            )
-            .await?;
+            record_direct_authorization(tx, host, d, direct_auth_id, generation, now).await?;
+            ("authenticated-direct", None)
         }
+    };
+    let rotated = rotate_device_credential(tx, host, req, now).await?;
+    let ended_offers = match invite_hash {
+        Some(hash) => consume_invite(tx, &hash, now).await?,
+        None => invalidate_device_invites(tx, host, d, now).await?,
+    };
+    tx.execute(
+        "UPDATE relay_direct_authorizations SET consumed_at = $4 WHERE user_id = $1 AND relay_host_id = $2 \
+         AND relay_device_id = $3 AND consumed_at IS NULL",
+        params![u, h, d, now],
+    )
+    .await?;
+    let result = install_result(&req.req_id, mode, rotated);
+    tx.execute(
+        "INSERT INTO relay_install_results (user_id, relay_host_id, relay_device_id, req_id, result_json, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
+        params![u, h, d, req.req_id.as_str(), result.to_string(), now],
+    )
+    .await?;
+    audit(
+        tx,
+        "credential-installed",
+        host,
+        d,
+        json!({"mode": mode, "currentVersion": rotated.version}),
+        now,
+    )
+    .await?;
+    Ok(Installed {
+        result,
+        ended_offers,
+    })
+}
+
+/// The recorded result of this install request, when it already ran (installs are idempotent by
+/// request id).
+async fn recorded_install(
+    tx: &mut Tx,
+    host: &HostKey,
+    req: &InstallRequest,
+) -> Result<Option<Json>, CredError> {
+    let Some(r) = tx
+        .query_opt(
+            "SELECT result_json FROM relay_install_results WHERE user_id = $1 AND relay_host_id = $2 \
+             AND relay_device_id = $3 AND req_id = $4",
+            params![
+                host.user_id.as_str(),
+                host.relay_host_id.as_str(),
+                req.device.as_str(),
+                req.req_id.as_str()
+            ],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let result = serde_json::from_str(&r.str(0)).map_err(|e| DbError::Fatal(e.to_string()))?;
+    Ok(Some(result))
+}
+
+/// A relay-basis authorization: the active invite basis of this device and control generation,
+/// not past its deadline; returns its invite's token hash.
+async fn relay_basis_invite(
+    tx: &mut Tx,
+    host: &HostKey,
+    device: &str,
+    basis_conn_id: &str,
+    generation: i64,
+    now: i64,
+) -> Result<String, CredError> {
+    let (u, h) = (host.user_id.as_str(), host.relay_host_id.as_str());
+    let basis = tx
+        .query_opt(
+            "SELECT invite_token_hash FROM relay_connection_bases WHERE basis_conn_id = $1 AND user_id = $2 \
+             AND relay_host_id = $3 AND relay_device_id = $4 AND credential_kind = 'invite' \
+             AND owning_control_generation = $5 AND active = $6 AND deadline >= $7",
+            params![basis_conn_id, u, h, device, generation, true, now],
+        )
+        .await?;
+    basis
+        .and_then(|b| b.opt_str(0))
+        .ok_or(CredError::Code("invalid_relay_basis"))
+}
+
+/// An authenticated-direct authorization is used once: a seen id is refused, a new one recorded.
+async fn record_direct_authorization(
+    tx: &mut Tx,
+    host: &HostKey,
+    device: &str,
+    direct_auth_id: &str,
+    generation: i64,
+    now: i64,
+) -> Result<(), CredError> {
+    let (u, h) = (host.user_id.as_str(), host.relay_host_id.as_str());
+    let seen = tx
+        .query_opt(
+            "SELECT 1 FROM relay_direct_authorizations WHERE direct_auth_id = $1",
+            params![direct_auth_id],
+        )
+        .await?;
+    if seen.is_some() {
+        return Err(CredError::Code("invalid_direct_authorization"));
     }
+    tx.execute(
+        "INSERT INTO relay_direct_authorizations (direct_auth_id, user_id, relay_host_id, relay_device_id, \
+         owning_control_generation, deadline, consumed_at) VALUES ($1, $2, $3, $4, $5, $6, NULL)",
+        params![direct_auth_id, u, h, device, generation, now + limits::RESUME_BASIS_DEADLINE_MS],
+    )
+    .await?;
+    Ok(())
+}
+
+/// A device credential after its rotation.
+#[derive(Debug, Clone, Copy)]
+struct Rotated {
+    version: i64,
+    current_expires: i64,
+    grace_expires: Option<i64>,
+}
+
+/// Rotates the device's resume credential (row locked): the current hash becomes the grace one
+/// and the new hash current at the next version; a first install starts at version 1 without
+/// grace. An expected current hash must match, compared in constant time.
+async fn rotate_device_credential(
+    tx: &mut Tx,
+    host: &HostKey,
+    req: &InstallRequest,
+    now: i64,
+) -> Result<Rotated, CredError> {
+    let (u, h, d) = (
+        host.user_id.as_str(),
+        host.relay_host_id.as_str(),
+        req.device.as_str(),
+    );
     let device = tx
         .query_opt(
             "SELECT current_hash, current_version, current_expires_at FROM relay_devices \
@@ -540,55 +647,38 @@ async fn install_tx(
             (1, None)
         }
     };
-    let mut ended_offers = Vec::new();
-    match invite_hash {
-        Some(hash) => {
-            let rows = tx
-                .query(
-                    "UPDATE relay_invites SET state = 'consumed', reservation_id = NULL, updated_at = $2 \
-                     WHERE token_hash = $1 RETURNING offer_req_id",
-                    params![hash.as_str(), now],
-                )
-                .await?;
-            ended_offers.extend(rows.iter().filter_map(|r| r.opt_str(0)));
-        }
-        None => ended_offers.extend(invalidate_device_invites(tx, host, d, now).await?),
-    }
-    tx.execute(
-        "UPDATE relay_direct_authorizations SET consumed_at = $4 WHERE user_id = $1 AND relay_host_id = $2 \
-         AND relay_device_id = $3 AND consumed_at IS NULL",
-        params![u, h, d, now],
-    )
-    .await?;
+    Ok(Rotated {
+        version,
+        current_expires,
+        grace_expires,
+    })
+}
+
+/// Marks the basis invite consumed; returns the offer request ids it ends.
+async fn consume_invite(tx: &mut Tx, hash: &str, now: i64) -> Result<Vec<String>, CredError> {
+    let rows = tx
+        .query(
+            "UPDATE relay_invites SET state = 'consumed', reservation_id = NULL, updated_at = $2 \
+             WHERE token_hash = $1 RETURNING offer_req_id",
+            params![hash, now],
+        )
+        .await?;
+    Ok(rows.iter().filter_map(|r| r.opt_str(0)).collect())
+}
+
+/// The install's result body (recorded, and answered to a repeated request).
+fn install_result(req_id: &str, mode: &str, rotated: Rotated) -> Json {
     let mut result = json!({
         "v": 1,
-        "reqId": req.req_id,
+        "reqId": req_id,
         "authorizationMode": mode,
-        "currentVersion": version,
-        "resumeExpiresAt": current_expires,
+        "currentVersion": rotated.version,
+        "resumeExpiresAt": rotated.current_expires,
     });
-    if let Some(g) = grace_expires {
+    if let Some(g) = rotated.grace_expires {
         result["graceExpiresAt"] = json!(g);
     }
-    tx.execute(
-        "INSERT INTO relay_install_results (user_id, relay_host_id, relay_device_id, req_id, result_json, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6)",
-        params![u, h, d, req.req_id.as_str(), result.to_string(), now],
-    )
-    .await?;
-    audit(
-        tx,
-        "credential-installed",
-        host,
-        d,
-        json!({"mode": mode, "currentVersion": version}),
-        now,
-    )
-    .await?;
-    Ok(Installed {
-        result,
-        ended_offers,
-    })
+    result
 }
 
 /// `device-credential-install-status`: the stored result, if any.
@@ -613,7 +703,7 @@ pub async fn install_status(
     }
 }
 
-/// `device-resume-confirm` (§7.2). Returns the result object (without `type`).
+/// `device-resume-confirm`. Returns the result object (without `type`).
 pub async fn confirm(
     db: &Db,
     host: &HostKey,
@@ -623,100 +713,167 @@ pub async fn confirm(
     now: i64,
 ) -> Result<Json, CredError> {
     transaction!(db, "resume-confirm", |tx| {
-        let (u, h) = (host.user_id.as_str(), host.relay_host_id.as_str());
-        if let Some(r) = tx
-            .query_opt(
-                "SELECT basis_conn_id, result_json FROM relay_confirm_results WHERE user_id = $1 AND relay_host_id = $2 \
-                 AND req_id = $3",
-                params![u, h, req_id],
-            )
-            .await?
-        {
-            if r.str(0) != basis_conn_id {
-                return Err(CredError::Code("confirmation_tuple_mismatch"));
-            }
-            return serde_json::from_str(&r.str(1)).map_err(|e| CredError::Db(DbError::Fatal(e.to_string())));
-        }
-        let Some(b) = tx
-            .query_opt(
-                "SELECT relay_device_id, accepted_credential_version, accepted_as FROM relay_connection_bases \
-                 WHERE basis_conn_id = $1 AND user_id = $2 AND relay_host_id = $3 AND credential_kind = 'resume' \
-                 AND owning_control_generation = $4 AND active = $5 AND deadline >= $6",
-                params![basis_conn_id, u, h, generation, true, now],
-            )
-            .await?
-        else {
-            return Err(CredError::Code("confirmation_not_active"));
-        };
-        let (device, accepted_version, accepted_as) = (
-            b.str(0),
-            b.opt_i64(1).unwrap_or(0),
-            b.opt_str(2).unwrap_or_default(),
-        );
-        let Some(d) = tx
-            .query_opt(
-                "SELECT current_version, current_expires_at, grace_version, grace_expires_at, revoked_at \
-                 FROM relay_devices WHERE user_id = $1 AND relay_host_id = $2 AND relay_device_id = $3 FOR UPDATE",
-                params![u, h, device.as_str()],
-            )
-            .await?
-        else {
-            return Err(CredError::Code("credential_not_found"));
-        };
-        let (cur_v, mut cur_exp, grace_v, grace_exp) =
-            (d.i64(0), d.i64(1), d.opt_i64(2), d.opt_i64(3));
-        let renewed = if !d.is_null(4) {
-            return Err(CredError::Code("reject-revoked"));
-        } else if accepted_version == cur_v {
-            if cur_exp <= now {
-                return Err(CredError::Code("reject-expired"));
-            }
-            true
-        } else if Some(accepted_version) == grace_v {
-            if grace_exp.is_none_or(|g| g <= now) {
-                return Err(CredError::Code("reject-expired"));
-            }
-            false
-        } else {
-            return Err(CredError::Code("reject-retired"));
-        };
-        if renewed {
-            cur_exp = now + limits::RESUME_TTL_MS;
-            tx.execute(
-                "UPDATE relay_devices SET current_expires_at = $4, updated_at = $5 WHERE user_id = $1 \
-                 AND relay_host_id = $2 AND relay_device_id = $3",
-                params![u, h, device.as_str(), cur_exp, now],
-            )
-            .await?;
-        }
-        let mut result = json!({
-            "v": 1,
-            "reqId": req_id,
-            "currentVersion": cur_v,
-            "acceptedAs": accepted_as,
-            "renewed": renewed,
-            "resumeExpiresAt": cur_exp,
-        });
-        if let Some(g) = grace_exp.filter(|_| grace_v.is_some()) {
-            result["graceExpiresAt"] = json!(g);
-        }
-        tx.execute(
-            "INSERT INTO relay_confirm_results (user_id, relay_host_id, req_id, basis_conn_id, result_json, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
-            params![u, h, req_id, basis_conn_id, result.to_string(), now],
-        )
-        .await?;
-        audit(
-            tx,
-            "resume-confirmed",
-            host,
-            &device,
-            json!({"renewed": renewed, "currentVersion": cur_v}),
-            now,
-        )
-        .await?;
-        Ok::<_, CredError>(result)
+        confirm_tx(tx, host, (req_id, basis_conn_id), generation, now).await
     })
+}
+
+/// One confirmation: a repeated request answers its recorded result (for the same basis only);
+/// otherwise the active resume basis of this control generation, the device's credential
+/// verdict, a renewal of the current credential, and the result recorded and audited.
+async fn confirm_tx(
+    tx: &mut Tx,
+    host: &HostKey,
+    (req_id, basis_conn_id): (&str, &str),
+    generation: i64,
+    now: i64,
+) -> Result<Json, CredError> {
+    let (u, h) = (host.user_id.as_str(), host.relay_host_id.as_str());
+    if let Some(result) = recorded_confirm(tx, host, req_id, basis_conn_id).await? {
+        return Ok(result);
+    }
+    let Some(b) = tx
+        .query_opt(
+            "SELECT relay_device_id, accepted_credential_version, accepted_as FROM relay_connection_bases \
+             WHERE basis_conn_id = $1 AND user_id = $2 AND relay_host_id = $3 AND credential_kind = 'resume' \
+             AND owning_control_generation = $4 AND active = $5 AND deadline >= $6",
+            params![basis_conn_id, u, h, generation, true, now],
+        )
+        .await?
+    else {
+        return Err(CredError::Code("confirmation_not_active"));
+    };
+    let (device, accepted_version, accepted_as) = (
+        b.str(0),
+        b.opt_i64(1).unwrap_or(0),
+        b.opt_str(2).unwrap_or_default(),
+    );
+    let Some(d) = tx
+        .query_opt(
+            "SELECT current_version, current_expires_at, grace_version, grace_expires_at, revoked_at \
+             FROM relay_devices WHERE user_id = $1 AND relay_host_id = $2 AND relay_device_id = $3 FOR UPDATE",
+            params![u, h, device.as_str()],
+        )
+        .await?
+    else {
+        return Err(CredError::Code("credential_not_found"));
+    };
+    let held = HeldCredential {
+        current: (d.i64(0), d.i64(1)),
+        grace: (d.opt_i64(2), d.opt_i64(3)),
+        revoked: !d.is_null(4),
+    };
+    let renewed = resume_verdict(&held, accepted_version, now).map_err(CredError::Code)?;
+    let (cur_v, mut cur_exp) = held.current;
+    if renewed {
+        cur_exp = now + limits::RESUME_TTL_MS;
+        tx.execute(
+            "UPDATE relay_devices SET current_expires_at = $4, updated_at = $5 WHERE user_id = $1 \
+             AND relay_host_id = $2 AND relay_device_id = $3",
+            params![u, h, device.as_str(), cur_exp, now],
+        )
+        .await?;
+    }
+    let result = confirm_result(req_id, &accepted_as, renewed, (cur_v, cur_exp), held.grace);
+    tx.execute(
+        "INSERT INTO relay_confirm_results (user_id, relay_host_id, req_id, basis_conn_id, result_json, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
+        params![u, h, req_id, basis_conn_id, result.to_string(), now],
+    )
+    .await?;
+    audit(
+        tx,
+        "resume-confirmed",
+        host,
+        &device,
+        json!({"renewed": renewed, "currentVersion": cur_v}),
+        now,
+    )
+    .await?;
+    Ok(result)
+}
+
+/// The recorded result of this confirmation request, when it already ran; the same request id
+/// for another basis is refused.
+async fn recorded_confirm(
+    tx: &mut Tx,
+    host: &HostKey,
+    req_id: &str,
+    basis_conn_id: &str,
+) -> Result<Option<Json>, CredError> {
+    let (u, h) = (host.user_id.as_str(), host.relay_host_id.as_str());
+    let Some(r) = tx
+        .query_opt(
+            "SELECT basis_conn_id, result_json FROM relay_confirm_results WHERE user_id = $1 AND relay_host_id = $2 \
+             AND req_id = $3",
+            params![u, h, req_id],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    if r.str(0) != basis_conn_id {
+        return Err(CredError::Code("confirmation_tuple_mismatch"));
+    }
+    serde_json::from_str(&r.str(1))
+        .map(Some)
+        .map_err(|e| CredError::Db(DbError::Fatal(e.to_string())))
+}
+
+/// The confirmation's result body (recorded, and answered to a repeated request); the grace
+/// expiry only while a grace credential exists.
+fn confirm_result(
+    req_id: &str,
+    accepted_as: &str,
+    renewed: bool,
+    (cur_v, cur_exp): (i64, i64),
+    (grace_v, grace_exp): (Option<i64>, Option<i64>),
+) -> Json {
+    let mut result = json!({
+        "v": 1,
+        "reqId": req_id,
+        "currentVersion": cur_v,
+        "acceptedAs": accepted_as,
+        "renewed": renewed,
+        "resumeExpiresAt": cur_exp,
+    });
+    if let Some(g) = grace_exp.filter(|_| grace_v.is_some()) {
+        result["graceExpiresAt"] = json!(g);
+    }
+    result
+}
+
+/// A device's stored resume credentials: current and grace `(version, expires at)`, revoked.
+struct HeldCredential {
+    current: (i64, i64),
+    grace: (Option<i64>, Option<i64>),
+    revoked: bool,
+}
+
+/// Whether the accepted credential version still confirms: the current one renews (`Ok(true)`),
+/// the grace one confirms without renewing (`Ok(false)`); a revoked device, an expired version
+/// or a retired one is refused with its code.
+fn resume_verdict(
+    held: &HeldCredential,
+    accepted_version: i64,
+    now: i64,
+) -> Result<bool, &'static str> {
+    let (cur_v, cur_exp) = held.current;
+    let (grace_v, grace_exp) = held.grace;
+    if held.revoked {
+        Err("reject-revoked")
+    } else if accepted_version == cur_v {
+        if cur_exp <= now {
+            return Err("reject-expired");
+        }
+        Ok(true)
+    } else if Some(accepted_version) == grace_v {
+        if grace_exp.is_none_or(|g| g <= now) {
+            return Err("reject-expired");
+        }
+        Ok(false)
+    } else {
+        Err("reject-retired")
+    }
 }
 
 /// `device-revoke`: sets `revoked_at`, invalidates every invite of the device (returns their offer
@@ -750,6 +907,55 @@ mod tests {
             user_id: "u1".into(),
             relay_host_id: "abcdefghijklmnop".into(),
         }
+    }
+
+    #[test]
+    fn resume_verdicts() {
+        let held = HeldCredential {
+            current: (3, 100),
+            grace: (Some(2), Some(50)),
+            revoked: false,
+        };
+        assert_eq!(resume_verdict(&held, 3, 10), Ok(true), "current renews");
+        assert_eq!(resume_verdict(&held, 2, 10), Ok(false), "grace confirms");
+        assert_eq!(resume_verdict(&held, 2, 50), Err("reject-expired"));
+        assert_eq!(resume_verdict(&held, 3, 100), Err("reject-expired"));
+        assert_eq!(resume_verdict(&held, 1, 10), Err("reject-retired"));
+        let revoked = HeldCredential {
+            revoked: true,
+            ..held
+        };
+        assert_eq!(resume_verdict(&revoked, 3, 10), Err("reject-revoked"));
+        let no_grace = HeldCredential {
+            current: (3, 100),
+            grace: (Some(2), None),
+            revoked: false,
+        };
+        assert_eq!(resume_verdict(&no_grace, 2, 10), Err("reject-expired"));
+    }
+
+    #[test]
+    fn install_result_carries_grace_only_after_a_rotation() {
+        let first = Rotated {
+            version: 1,
+            current_expires: 10,
+            grace_expires: None,
+        };
+        let v = install_result("r1", "relay-basis", first);
+        assert_eq!(
+            v,
+            json!({"v": 1, "reqId": "r1", "authorizationMode": "relay-basis",
+                   "currentVersion": 1, "resumeExpiresAt": 10})
+        );
+        let next = Rotated {
+            version: 2,
+            current_expires: 20,
+            grace_expires: Some(15),
+        };
+        assert_eq!(
+            install_result("r2", "authenticated-direct", next)["graceExpiresAt"],
+            15
+        );
     }
 
     #[tokio::test]
@@ -1004,7 +1210,7 @@ mod tests {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// `credential-cleanup` primitives (protocol.md §7); the director's sweep composes them.
+// `credential-cleanup` primitives (docs/reference/websocket.md); the director's sweep composes them.
 
 /// An invite whose lifetime ended.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,4 +1,4 @@
-//! Migration rows (director.md §7) and the reads the sweep chain (§5.6) starts from. The
+//! Migration rows (docs/operations.md) and the reads the sweep chain starts from. The
 //! director's migrate service composes these into its transactions.
 
 use super::{Db, DbError, Row, Tx};
@@ -70,7 +70,7 @@ pub async fn read_open(db: &Db, host: &HostKey) -> Result<Option<Migration>, DbE
         .map(migration_from))
 }
 
-/// What an evacuation writes (director.md §7.1).
+/// What an evacuation writes (docs/operations.md).
 #[derive(Debug, Clone)]
 pub struct NewEvacuation<'a> {
     pub assignment_epoch: i64,
@@ -129,7 +129,7 @@ pub async fn set_expiry(
     Ok(())
 }
 
-/// Marks the migration completed, and the idle-rehome attempt that wrote it (director.md §8.6).
+/// Marks the migration completed, and the idle-rehome attempt that wrote it (docs/reference/http.md).
 pub async fn mark_completed(
     tx: &mut Tx,
     host: &HostKey,
@@ -160,7 +160,7 @@ pub async fn abort_migration(
         params![&host.user_id, &host.relay_host_id, epoch, now, reason],
     )
     .await?;
-    // Aborting the migration aborts its idle-rehome attempt with the same reason (§8.6).
+    // Aborting the migration aborts its idle-rehome attempt with the same reason.
     super::region::abort_attempt(tx, host, epoch, reason, now).await?;
     Ok(())
 }

@@ -6,7 +6,7 @@
 //! transactions) and runs every call on a dedicated database thread, never on a tokio worker. The
 //! Postgres backend runs at READ COMMITTED through a deadpool pool. [`transaction!`] wraps an
 //! operation in begin/commit and retries it on serialization failures, deadlocks and lock timeouts
-//! (3 attempts, 0–25 ms full jitter) as README §5 prescribes.
+//! (3 attempts, 0–25 ms full jitter) as ARCHITECTURE.md prescribes.
 //!
 //! Area operations live beside this module (`assignments`, `credentials`, and `push::store`);
 //! decisions are pure functions in the role modules, fed with rows read here.
@@ -15,14 +15,17 @@ pub mod assignments;
 mod backend;
 pub mod cells;
 pub mod credentials;
+mod driver;
 pub mod migrate;
 pub mod migrations;
 pub mod overview;
 mod postgres;
 pub mod push;
 pub mod region;
+pub mod restore;
 mod sqlite;
 pub mod testing;
+pub mod timeline;
 mod value;
 mod waits;
 pub mod wire;
@@ -49,7 +52,54 @@ pub enum DbError {
     Fatal(String),
 }
 
+/// Every operation name of `orca_relay_db_seconds{op}` / `orca_relay_db_errors_total{op}`: the
+/// phases given to [`transaction!`] and the plain entry points of [`Db`].
+pub const OPS: &[&str] = &[
+    "activity-lease",
+    "assignment",
+    "cell-runtime",
+    "cells",
+    "credential-install",
+    "device-revoke",
+    "invite-create",
+    "invite-fail",
+    "invite-reserve",
+    "migration",
+    "push_accept",
+    "push_claim",
+    "push_device_delete",
+    "push_device_upsert",
+    "push_finish",
+    "push_retire",
+    "push_session",
+    "regional-rehome",
+    "resume-confirm",
+    "query",
+    "execute",
+    "ping",
+];
+
+/// Every [`DbError::kind`].
+pub const ERROR_KINDS: &[&str] = &[
+    "lock_unavailable",
+    "serialization",
+    "unique_violation",
+    "transient",
+    "fatal",
+];
+
 impl DbError {
+    /// The metrics label of the error's class (one of [`ERROR_KINDS`]).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            DbError::LockUnavailable => "lock_unavailable",
+            DbError::Serialization(_) => "serialization",
+            DbError::UniqueViolation => "unique_violation",
+            DbError::Transient(_) => "transient",
+            DbError::Fatal(_) => "fatal",
+        }
+    }
+
     /// The SQLSTATE to log when the retry loop may run the transaction again.
     pub fn retry_code(&self) -> Option<&'static str> {
         match self {
@@ -83,15 +133,22 @@ impl std::error::Error for DbError {}
 /// domain operations that return their own error type.
 pub trait RetryClass {
     fn retry_code(&self) -> Option<&'static str>;
+    /// The database failure this error carries, if any (counted in `orca_relay_db_errors_total`).
+    fn db_error(&self) -> Option<&DbError> {
+        None
+    }
 }
 
 impl RetryClass for DbError {
     fn retry_code(&self) -> Option<&'static str> {
         DbError::retry_code(self)
     }
+    fn db_error(&self) -> Option<&DbError> {
+        Some(self)
+    }
 }
 
-/// Attempts per transaction (README §5).
+/// Attempts per transaction (ARCHITECTURE.md).
 pub const TX_ATTEMPTS: u32 = 3;
 
 /// What the store reports about itself. Storage knows no logger (tests/layering.rs): the
@@ -110,6 +167,9 @@ pub enum StoreEvent<'a> {
         code: &'a str,
         attempts: u32,
     },
+    /// The Postgres server runs on a new timeline (a promoted standby): epochs and generations
+    /// were advanced ([`timeline`]).
+    TimelineSettled(&'a timeline::TimelineSettled),
 }
 
 static OBSERVER: std::sync::OnceLock<fn(StoreEvent<'_>)> = std::sync::OnceLock::new();
@@ -207,6 +267,11 @@ macro_rules! transaction {
             $crate::store::retry_pause(__phase, __retry, __attempt).await;
         };
         __db.observe(__phase, __started);
+        if let Err(e) = &__out {
+            if let Some(d) = $crate::store::RetryClass::db_error(e) {
+                __db.count_error(__phase, d);
+            }
+        }
         __out
     }};
 }

@@ -1,4 +1,4 @@
-//! Reads behind the operator views (director.md §3.8 Cell and HostView objects, operations.md §3
+//! Reads behind the operator views (docs/reference/http.md Cell and HostView objects, docs/reference/http.md
 //! overview): plain reads outside any transaction, returned as model types and counts. The rules
 //! that classify them (dormant, live, roll-isolated) stay with the director.
 

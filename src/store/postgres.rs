@@ -1,6 +1,6 @@
 //! Postgres backend: tokio-postgres through a deadpool pool, READ COMMITTED, explicit row locks.
 //!
-//! Each connection starts with the session defaults of director.md §2 (`statement_timeout` 5 s,
+//! Each connection starts with the session defaults of ARCHITECTURE.md (`statement_timeout` 5 s,
 //! `lock_timeout` 1 s, `idle_in_transaction_session_timeout` 5 s). A transaction owns its pooled
 //! connection; dropping it unfinished sends `ROLLBACK` before the connection returns to the pool.
 //!
@@ -15,18 +15,28 @@
 //! transaction (and its `COMMIT`/`ROLLBACK`) gets its own. A connection whose statement ran out of
 //! time, or whose caller was cancelled mid-statement, still has a request in flight: it is
 //! detached from the pool and closed ([`Object::take`]), never handed to the next caller.
+//!
+//! Failover: the URL may name several hosts with `target_session_attrs=read-write`; each new
+//! connection tries them in order and keeps the first that accepts writes. A connection whose
+//! server went away is closed, and the pool's recycling check (`is_closed`) drops it instead of
+//! handing it out, so the pool refills from whichever host is writable now. Before a new
+//! connection is handed out it runs [`super::timeline::check`] (epochs never repeat after a
+//! promotion).
 
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{
+    HookError, Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime,
+};
+use tokio_postgres::config::TargetSessionAttrs;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::NoTls;
 
-use super::backend::{scope_key, Backend};
+use super::driver::{scope_key, Backend};
 use super::wire::WireStats;
 use super::{DbError, Row, Value, WaitTracker};
 
@@ -93,6 +103,8 @@ impl PgDb {
         options.push_str(SESSION_OPTIONS);
         if read_only {
             options.push_str(" -c default_transaction_read_only=on");
+            // Its own sessions are read-only: a read-write target would refuse every host.
+            cfg.target_session_attrs(TargetSessionAttrs::Any);
         }
         cfg.options(&options);
         cfg.connect_timeout(Duration::from_secs(5));
@@ -112,7 +124,26 @@ impl PgDb {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
-        let pool = Pool::builder(mgr)
+        // The timeline this process last confirmed (0: none yet); see store::timeline.
+        let known = Arc::new(AtomicI64::new(0));
+        let mut builder = Pool::builder(mgr);
+        if !read_only {
+            builder = builder.post_create(deadpool_postgres::Hook::async_fn(move |client, _| {
+                let known = known.clone();
+                Box::pin(async move {
+                    let (confirmed, settled) =
+                        super::timeline::check(client, known.load(Ordering::Relaxed))
+                            .await
+                            .map_err(HookError::Backend)?;
+                    known.store(confirmed, Ordering::Relaxed);
+                    if let Some(s) = settled {
+                        super::report(super::StoreEvent::TimelineSettled(&s));
+                    }
+                    Ok(())
+                })
+            }));
+        }
+        let pool = builder
             .max_size(pool_max.max(1))
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(Duration::from_secs(5)))
@@ -129,10 +160,14 @@ impl PgDb {
 
     async fn get(&self) -> Result<Object, DbError> {
         let _wait = self.waits.enter();
-        self.pool
-            .get()
-            .await
-            .map_err(|e| DbError::Transient(format!("pool: {e}")))
+        self.pool.get().await.map_err(|e| match e {
+            // A statement of the timeline check failed: classified like any other statement.
+            PoolError::PostCreateHook(HookError::Backend(e)) => match map_err(e) {
+                DbError::Fatal(m) => DbError::Transient(format!("pool: timeline check: {m}")),
+                other => other,
+            },
+            e => DbError::Transient(format!("pool: {e}")),
+        })
     }
 
     /// Takes a connection; `BEGIN` is sent with the transaction's first statement.
@@ -537,7 +572,16 @@ fn map_err(e: tokio_postgres::Error) -> DbError {
             return DbError::UniqueViolation;
         }
         let c = code.code();
-        if c == "57014" || c == "53300" || c == "57P03" || c == "57P01" || c.starts_with("08") {
+        // 25006: a write reached a read-only server (a standby, or a primary being demoted);
+        // 57P01/57P02/57P03: the server is shutting down, crashed or not yet accepting.
+        if c == "57014"
+            || c == "53300"
+            || c == "57P03"
+            || c == "57P01"
+            || c == "57P02"
+            || c == "25006"
+            || c.starts_with("08")
+        {
             return DbError::Transient(format!("postgres {c}"));
         }
         return DbError::Fatal(format!(

@@ -1,18 +1,18 @@
-//! Every push SQL statement (push.md §3–§11), written once for both backends. The numbers of the
+//! Every push SQL statement (docs/reference/http.md), written once for both backends. The numbers of the
 //! push policy (session lifetime, quotas, lease length) come from `push` in [`Limits`]; the proof
 //! check comes in as a function, so this module knows rows, not rules.
 //!
 //! Scopes: `orca-push-session:<fp>`, `orca-push-device-cap:<fp>`, `orca-push-events:<fp>` (waiting)
 //! and `orca-push-device:<registrationId>` (try only). No transaction takes two scopes; only the
 //! session verification holds a row lock before its scope, and no other transaction takes that
-//! scope's row, so no lock cycle exists (push.md §10).
+//! scope's row, so no lock cycle exists (ARCHITECTURE.md).
 
 use super::{Db, DbError, Tx, Value};
 use crate::model::push::Device;
 use crate::params;
 use crate::transaction;
 
-/// The push policy numbers the statements apply (push.md §3, §5, §6, §7).
+/// The push policy numbers the statements apply (docs/reference/http.md / ARCHITECTURE.md).
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub session_ttl_ms: i64,
@@ -57,7 +57,7 @@ pub async fn insert_challenge(
     .map(|_| ())
 }
 
-/// Result of `POST /v1/host/session` (push.md §3.3).
+/// Result of `POST /v1/host/session` (docs/reference/http.md).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Verify {
     /// Session created for this fingerprint.
@@ -257,7 +257,7 @@ pub async fn dead_registrations(db: &Db) -> Result<i64, DbError> {
 
 // ---------------------------------------------------------------- send
 
-/// Per-recipient result of `accept` (push.md §6).
+/// Per-recipient result of `accept` (docs/reference/http.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Accept {
     /// A delivery row was inserted (wake the worker).
@@ -284,7 +284,7 @@ pub async fn accept(
     accept_tx(db, fp, n, registration_id, false, limits, now).await
 }
 
-/// One recipient of `POST /v1/send` (push.md §6): the registration check (`Unknown` → `error`,
+/// One recipient of `POST /v1/send` (docs/reference/http.md): the registration check (`Unknown` → `error`,
 /// `Dead` → `dead`) and then [`accept`], in the recipient's own transaction. Three round trips
 /// on Postgres: `BEGIN` with the scope, one read of everything the steps decide on, and the
 /// writes pipelined with `COMMIT`.
@@ -357,7 +357,7 @@ fn accept_outcome(s: &str) -> Accept {
     }
 }
 
-/// Postgres, an alert: every accept step of push.md §6 in one statement, run under the scope
+/// Postgres, an alert: every accept step of docs/reference/http.md in one statement, run under the scope
 /// (the statement's snapshot is taken after the lock is held). `r` reads what the steps decide
 /// on (as [`ACCEPT_READ`]), `s` decides in the steps' order (unknown, dead, conflict, deadline,
 /// quota, replay or fence, enqueue) and the inserts run only for the answers that write: the event
@@ -425,6 +425,8 @@ const INSERT_ENQUEUE_PG: &str = "WITH {event}d AS (INSERT INTO push_deliveries (
      INSERT INTO push_event_recipients (event_id, registration_id, created_at) VALUES ($11, $3, $9)";
 const INSERT_ENQUEUE_PG_EVENT: &str = "e AS (INSERT INTO push_events (event_id, host_fingerprint, kind, fingerprint, created_at, expires_at) VALUES ($11, $2, $4, $12, $9, $10)), ";
 
+/// Accepts one event for one registration: the gates on one read (device, content, deadline,
+/// quota, replay or fence), a dismiss's cleanup, then the event, delivery and recipient rows.
 #[allow(clippy::too_many_arguments)]
 async fn accept_in(
     tx: &mut Tx,
@@ -435,7 +437,7 @@ async fn accept_in(
     limits: &Limits,
     now: i64,
 ) -> Result<Accept, DbError> {
-    let (kind, event_id, content, payload) = (n.kind, n.event_id, n.content, n.payload);
+    let (kind, event_id, content) = (n.kind, n.event_id, n.content);
     let (seq, epoch) = (n.notification_seq, n.notification_epoch);
     let fence_id = if kind == "alert" {
         n.notification_id
@@ -458,18 +460,57 @@ async fn accept_in(
         )
         .await?
         .unwrap_or_default();
+    let gate = match accept_gate(&read, n, check_device, limits, now) {
+        Ok(g) => g,
+        Err(answer) => return Ok(answer),
+    };
+    if gate.replay {
+        // Replay or fenced alert: `queued`, no recipient, no delivery; a new event still counts.
+        if !gate.exists {
+            tx.finish_with(
+                INSERT_EVENT,
+                params![event_id, fp, kind, content, now, gate.deadline],
+            )
+            .await?;
+        }
+        return Ok(Accept::Queued);
+    }
+    if let (Some(id), "dismiss") = (n.notification_id, kind) {
+        dismiss_older(tx, fp, registration_id, (epoch, id, seq), now).await?;
+    }
+    enqueue(tx, fp, n, registration_id, &gate, now).await?;
+    Ok(Accept::Enqueued)
+}
+
+/// What [`accept_gate`] let through: whether the event row exists, the delivery deadline, and
+/// whether this is a replay (or a fenced alert) that queues nothing.
+struct AcceptGate {
+    exists: bool,
+    deadline: i64,
+    replay: bool,
+}
+
+/// The accept's checks on its one read, in order: an unknown or dead device (when checked), a
+/// known event id with other content, a deadline already past, a new event over the quota.
+fn accept_gate(
+    read: &super::Row,
+    n: &NewEvent<'_>,
+    check_device: bool,
+    limits: &Limits,
+    now: i64,
+) -> Result<AcceptGate, Accept> {
     if check_device {
         if read.is_null(0) {
-            return Ok(Accept::Unknown);
+            return Err(Accept::Unknown);
         }
         if read.bool(0) {
-            return Ok(Accept::Dead);
+            return Err(Accept::Dead);
         }
     }
     let exists = !read.is_null(1);
     let deadline = if exists {
-        if read.str(1) != content {
-            return Ok(Accept::Error);
+        if read.str(1) != n.content {
+            return Err(Accept::Error);
         }
         read.i64(2)
     } else {
@@ -477,48 +518,65 @@ async fn accept_in(
         n.expires_at.map_or(cap, |e| e.min(cap))
     };
     if deadline <= now {
-        return Ok(Accept::Error);
+        return Err(Accept::Error);
     }
     if !exists && read.i64(3) >= limits.event_quota {
-        return Ok(Accept::RateLimited);
+        return Err(Accept::RateLimited);
     }
-    let (seen, fenced) = (read.bool(4), read.bool(5));
-    if seen || fenced {
-        // Replay or fenced alert: `queued`, no recipient, no delivery; a new event still counts.
-        if !exists {
-            tx.finish_with(
-                INSERT_EVENT,
-                params![event_id, fp, kind, content, now, deadline],
-            )
-            .await?;
-        }
-        return Ok(Accept::Queued);
-    }
-    if let (Some(id), "dismiss") = (n.notification_id, kind) {
-        tx.execute(
-            "INSERT INTO push_dismissed_events (host_fingerprint, notification_epoch, notification_id, notification_seq, created_at) VALUES ($1, $2, $3, $4, $5) \
-             ON CONFLICT (host_fingerprint, notification_epoch, notification_id) DO UPDATE SET \
-             notification_seq = CASE WHEN excluded.notification_seq > push_dismissed_events.notification_seq THEN excluded.notification_seq ELSE push_dismissed_events.notification_seq END, \
-             created_at = excluded.created_at",
-            params![fp, epoch, id, seq, now],
-        )
-        .await?;
-        tx.execute(
-            "DELETE FROM push_deliveries WHERE registration_id = $1 AND kind = 'alert' AND notification_epoch = $2 AND notification_id = $3 AND notification_seq <= $4 AND lease_until <= $5",
-            params![registration_id, epoch, id, seq, now],
-        )
-        .await?;
-    }
+    Ok(AcceptGate {
+        exists,
+        deadline,
+        replay: read.bool(4) || read.bool(5),
+    })
+}
+
+/// A dismiss remembers the highest dismissed sequence of its notification and drops the
+/// registration's unleased deliveries of that alert up to it.
+async fn dismiss_older(
+    tx: &mut Tx,
+    fp: &str,
+    registration_id: &str,
+    (epoch, id, seq): (&str, &str, i64),
+    now: i64,
+) -> Result<(), DbError> {
+    tx.execute(
+        "INSERT INTO push_dismissed_events (host_fingerprint, notification_epoch, notification_id, notification_seq, created_at) VALUES ($1, $2, $3, $4, $5) \
+         ON CONFLICT (host_fingerprint, notification_epoch, notification_id) DO UPDATE SET \
+         notification_seq = CASE WHEN excluded.notification_seq > push_dismissed_events.notification_seq THEN excluded.notification_seq ELSE push_dismissed_events.notification_seq END, \
+         created_at = excluded.created_at",
+        params![fp, epoch, id, seq, now],
+    )
+    .await?;
+    tx.execute(
+        "DELETE FROM push_deliveries WHERE registration_id = $1 AND kind = 'alert' AND notification_epoch = $2 AND notification_id = $3 AND notification_seq <= $4 AND lease_until <= $5",
+        params![registration_id, epoch, id, seq, now],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Writes the delivery, its recipient and (when new) the event: one statement on Postgres, three
+/// on SQLite; the last statement goes with the commit.
+async fn enqueue(
+    tx: &mut Tx,
+    fp: &str,
+    n: &NewEvent<'_>,
+    registration_id: &str,
+    gate: &AcceptGate,
+    now: i64,
+) -> Result<(), DbError> {
+    let (kind, event_id, content, exists, deadline) =
+        (n.kind, n.event_id, n.content, gate.exists, gate.deadline);
     let delivery_id = uuid::Uuid::new_v4().to_string();
     let delivery = params![
         delivery_id.as_str(),
         fp,
         registration_id,
         kind,
-        epoch,
+        n.notification_epoch,
         n.notification_id,
-        seq,
-        payload,
+        n.notification_seq,
+        n.payload,
         now,
         deadline
     ];
@@ -531,7 +589,7 @@ async fn accept_in(
             p.push(Value::from(content));
         }
         tx.finish_with(&sql, &p).await?;
-        return Ok(Accept::Enqueued);
+        return Ok(());
     }
     if !exists {
         tx.execute(
@@ -543,7 +601,7 @@ async fn accept_in(
     tx.execute(INSERT_DELIVERY, delivery).await?;
     tx.finish_with(INSERT_RECIPIENT, params![event_id, registration_id, now])
         .await?;
-    Ok(Accept::Enqueued)
+    Ok(())
 }
 
 // ---------------------------------------------------------------- worker
@@ -580,7 +638,7 @@ impl ClaimBatch {
     }
 }
 
-/// Claims the next due delivery (push.md §7): a batch of one.
+/// Claims the next due delivery (ARCHITECTURE.md): a batch of one.
 pub async fn claim(db: &Db, limits: &Limits, now: i64) -> Result<Option<Claimed>, DbError> {
     Ok(claim_batch(db, limits, now, 1)
         .await?
@@ -619,7 +677,7 @@ fn push_in_list(p: &mut Vec<Value>, values: Vec<Value>) -> String {
     placeholders(first, n)
 }
 
-/// "No unexpired row of the same registration sorts before `{t}`" (the head rule of push.md §7).
+/// "No unexpired row of the same registration sorts before `{t}`" (the head rule of ARCHITECTURE.md).
 const IS_HEAD: &str = "NOT EXISTS (SELECT 1 FROM push_deliveries e WHERE e.registration_id = {t}.registration_id AND e.expires_at > $1 \
      AND (e.due_at, e.created_at, e.delivery_id) < ({t}.due_at, {t}.created_at, {t}.delivery_id))";
 /// "No row of the same registration holds a live lease."
@@ -639,7 +697,7 @@ fn async_commit(tx: &Tx) -> &'static str {
     }
 }
 
-/// Claims up to `max` due deliveries in one transaction (push.md §7, batched): each candidate is
+/// Claims up to `max` due deliveries in one transaction (ARCHITECTURE.md, batched): each candidate is
 /// the head of its registration (earliest unexpired row in due order), due, unleased, and its
 /// registration holds no live lease. On Postgres the candidates are locked `FOR UPDATE SKIP
 /// LOCKED`, then the try-scopes `orca-push-device:<registrationId>` are taken in one statement, and
@@ -659,12 +717,48 @@ pub async fn claim_batch(
         .await)
 }
 
+/// One claim: the due head deliveries without a live lease (locked, skipping locked ones);
+/// fenced alerts among them are deleted, the rest leased if their device's scope lock is free,
+/// and returned with their devices, in the candidates' order.
 async fn claim_batch_in(
     tx: &mut Tx,
     limits: &Limits,
     now: i64,
     max: usize,
 ) -> Result<ClaimBatch, DbError> {
+    let rows = claim_candidates(tx, limits, now, max).await?;
+    let mut batch = ClaimBatch::default();
+    if rows.is_empty() {
+        return Ok(batch);
+    }
+    let (fenced, live): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r.bool(2));
+    if !fenced.is_empty() {
+        batch.fenced = delete_fenced(tx, &fenced, now).await?;
+    }
+    if live.is_empty() {
+        return Ok(batch);
+    }
+    let ids = lock_device_scopes(tx, &live).await?;
+    batch.busy = live.len() - ids.len();
+    if ids.is_empty() {
+        return Ok(batch);
+    }
+    let (leased, lease_token) = lease_deliveries(tx, &ids, limits, now).await?;
+    if leased.is_empty() {
+        return Ok(batch);
+    }
+    batch.claimed = claimed_with_devices(tx, &leased, &ids, &lease_token).await?;
+    Ok(batch)
+}
+
+/// The claim's candidates: `(delivery id, registration id, fenced)` of due, unexpired head
+/// deliveries without a live lease, oldest first, locked skipping those locked elsewhere.
+async fn claim_candidates(
+    tx: &mut Tx,
+    limits: &Limits,
+    now: i64,
+    max: usize,
+) -> Result<Vec<super::Row>, DbError> {
     let candidates_sql = format!(
         "SELECT d.delivery_id, d.registration_id, \
          CASE WHEN d.kind = 'alert' AND d.notification_id IS NOT NULL AND EXISTS (SELECT 1 FROM push_dismissed_events f \
@@ -675,31 +769,27 @@ async fn claim_batch_in(
         NO_LIVE_LEASE.replace("{t}", "d"),
         IS_HEAD.replace("{t}", "d"),
     );
-    let rows = tx
-        .query(
-            &candidates_sql,
-            params![now, now - limits.notification_ttl_ms, max as i64],
-        )
-        .await?;
-    let mut batch = ClaimBatch::default();
-    if rows.is_empty() {
-        return Ok(batch);
-    }
-    let (fenced, live): (Vec<_>, Vec<_>) = rows.iter().partition(|r| r.bool(2));
-    if !fenced.is_empty() {
-        let mut p: Vec<Value> = vec![Value::Int(now)];
-        let list = push_in_list(
-            &mut p,
-            fenced.iter().map(|r| Value::Text(r.str(0))).collect(),
-        );
-        let sql = format!(
-            "DELETE FROM push_deliveries WHERE lease_until <= $1 AND delivery_id IN ({list})"
-        );
-        batch.fenced = tx.execute(&sql, &p).await? as usize;
-    }
-    if live.is_empty() {
-        return Ok(batch);
-    }
+    tx.query(
+        &candidates_sql,
+        params![now, now - limits.notification_ttl_ms, max as i64],
+    )
+    .await
+}
+
+/// Deletes the fenced alerts (a later dismiss covers them) that are still unleased.
+async fn delete_fenced(tx: &mut Tx, fenced: &[&super::Row], now: i64) -> Result<usize, DbError> {
+    let mut p: Vec<Value> = vec![Value::Int(now)];
+    let list = push_in_list(
+        &mut p,
+        fenced.iter().map(|r| Value::Text(r.str(0))).collect(),
+    );
+    let sql =
+        format!("DELETE FROM push_deliveries WHERE lease_until <= $1 AND delivery_id IN ({list})");
+    Ok(tx.execute(&sql, &p).await? as usize)
+}
+
+/// Tries each live delivery's device scope lock; returns the ids of those whose lock it got.
+async fn lock_device_scopes(tx: &mut Tx, live: &[&super::Row]) -> Result<Vec<String>, DbError> {
     let mut scopes: Vec<String> = live
         .iter()
         .map(|r| format!("orca-push-device:{}", r.str(1)))
@@ -709,16 +799,22 @@ async fn claim_batch_in(
     let last = scopes.last().cloned().unwrap_or_default();
     scopes.resize(padded(live.len()), last);
     let locked = tx.try_scope_locks(&scopes).await?;
-    let ids: Vec<String> = live
+    Ok(live
         .iter()
         .zip(&locked)
         .filter(|(_, ok)| **ok)
         .map(|(r, _)| r.str(0))
-        .collect();
-    batch.busy = live.len() - ids.len();
-    if ids.is_empty() {
-        return Ok(batch);
-    }
+        .collect())
+}
+
+/// Leases the deliveries (still claimable) under one new lease token; returns the leased rows
+/// and the token.
+async fn lease_deliveries(
+    tx: &mut Tx,
+    ids: &[String],
+    limits: &Limits,
+    now: i64,
+) -> Result<(Vec<super::Row>, String), DbError> {
     let lease_token = uuid::Uuid::new_v4().to_string();
     let mut p: Vec<Value> = vec![
         Value::Int(now),
@@ -738,9 +834,16 @@ async fn claim_batch_in(
         async_commit(tx),
     );
     let leased = tx.query(&lease_sql, &p).await?;
-    if leased.is_empty() {
-        return Ok(batch);
-    }
+    Ok((leased, lease_token))
+}
+
+/// The leased deliveries with their devices (read with the commit), in the candidates' order.
+async fn claimed_with_devices(
+    tx: &mut Tx,
+    leased: &[super::Row],
+    ids: &[String],
+    lease_token: &str,
+) -> Result<Vec<Claimed>, DbError> {
     let mut regs: Vec<Value> = Vec::with_capacity(padded(leased.len()));
     let list = push_in_list(
         &mut regs,
@@ -765,7 +868,7 @@ async fn claim_batch_in(
             let reg = r.str(2);
             Claimed {
                 delivery_id: r.str(0),
-                lease_token: lease_token.clone(),
+                lease_token: lease_token.to_owned(),
                 host_fingerprint: r.str(1),
                 target: target(&reg),
                 registration_id: reg,
@@ -776,8 +879,7 @@ async fn claim_batch_in(
         })
         .collect();
     claimed.sort_by_key(|c| order(&c.delivery_id));
-    batch.claimed = claimed;
-    Ok(batch)
+    Ok(claimed)
 }
 
 /// Extends a live lease; false when the lease was lost.
@@ -791,7 +893,7 @@ pub async fn renew(db: &Db, c: &Claimed, limits: &Limits, now: i64) -> Result<bo
     Ok(n == 1)
 }
 
-/// One finish of a batch (push.md §7 "finish").
+/// One finish of a batch (ARCHITECTURE.md "finish").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finish {
     /// No retry: delete the row.

@@ -1,4 +1,4 @@
-//! Storage primitives of idle regional correction (director.md §1.3, §8): region decisions, the
+//! Storage primitives of idle regional correction (ARCHITECTURE.md / docs/reference/http.md): region decisions, the
 //! global rehome control row, rehome attempts, idle-rehome migration rows and the 24 h outcome
 //! counts. Plain rows in and out; every rule that decides with them lives in `crate::rehome`.
 
@@ -171,7 +171,7 @@ pub struct Control {
 }
 
 impl Default for Control {
-    /// The lazily created row's defaults (§1.3).
+    /// The lazily created row's defaults.
     fn default() -> Control {
         Control {
             generation: 0,
@@ -408,7 +408,7 @@ pub async fn abort_attempt(
 }
 
 /// The reason of the latest attempt aborted after `since`, if any (the control is disabled with
-/// it in a transaction of its own, §8.6).
+/// it in a transaction of its own).
 pub async fn latest_abort_after(db: &Db, since: i64) -> Result<Option<String>, DbError> {
     let rows = db
         .query(
@@ -444,7 +444,7 @@ pub async fn open_idle_migrations(db: &Db) -> Result<i64, DbError> {
     Ok(r.first().map_or(0, |r| r.i64(0)))
 }
 
-/// A migration row to insert (director.md §7.1 writes).
+/// A migration row to insert (docs/operations.md writes).
 #[derive(Debug, Clone)]
 pub struct NewMigration<'a> {
     pub kind: &'a str,

@@ -22,7 +22,7 @@ use rusqlite::types::{ToSqlOutput, Value as SqlValue, ValueRef};
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
-use super::backend::{scope_key, Backend};
+use super::driver::{scope_key, Backend};
 use super::wire::WireStats;
 use super::{DbError, Row, Value, WaitTracker};
 

@@ -1,6 +1,6 @@
 //! Who is waiting for the database, and for how long.
 //!
-//! The cell sheds control upgrades when store calls queue (protocol.md §1.1 "store pressure shed"),
+//! The cell sheds control upgrades when store calls queue (docs/reference/websocket.md "store pressure shed"),
 //! and heartbeats report pool waits in their safety object. Both read this tracker, which every
 //! `Db::begin` passes through while it waits for a connection (SQLite: the single writer slot).
 

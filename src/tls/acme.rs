@@ -10,7 +10,8 @@
 //! session they negotiated, new handshakes get the new certificate, nothing is dropped.
 //!
 //! Cache (`<data dir>/acme` by default): the account credentials (`account-<dir>.json`) and the
-//! certificate (`cert-<dir,domains>.pem`, key beside it as `.key.pem`), all mode 0600. A restart
+//! certificate with its key in one file (`cert-<dir,domains>.pem`, written whole: a temp file,
+//! then a rename), all mode 0600. A restart
 //! serves the cached certificate at once and orders only when it is within the renewal window
 //! (`ORCA_RELAY_TLS_ACME_RENEW_BEFORE_DAYS`). SIGHUP orders a new certificate now (an operator's
 //! forced renewal; mind the CA's rate limits).
@@ -29,9 +30,9 @@ use rustls::sign::CertifiedKey;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use super::server::{covers, load_pair, Resolver};
+use super::certs::{covers, load_pair, Resolver};
 use super::{ExtraCa, TlsArgs};
-use crate::config::{err as cfg_err, int_in, ConfigError};
+use crate::flags::{err as cfg_err, int_in, ConfigError};
 
 /// Validated ACME settings.
 #[derive(Clone, Debug)]
@@ -43,14 +44,26 @@ pub struct AcmeSettings {
     pub renew_before: Duration,
 }
 
-/// First retry after a failed order; doubles up to an hour.
-const RETRY_FIRST: Duration = Duration::from_secs(30);
-const RETRY_MAX: Duration = Duration::from_secs(3600);
+/// First retry after a failed order; doubles up to [`RETRY_MAX`], so a CA outage cannot stretch
+/// the wait of a listener without a certificate past minutes.
+const RETRY_FIRST: Duration = Duration::from_secs(5);
+const RETRY_MAX: Duration = Duration::from_secs(300);
+
+/// The wait before retry number `failures` (1 = after the first failure): 5 s doubling to 5 min,
+/// then jittered by `jitter` in [0, 1) to between 80 % and 100 % of it, so many cells that lost
+/// the same CA do not come back in step.
+fn retry_delay(failures: u32, jitter: f64) -> Duration {
+    let doubled = RETRY_FIRST.saturating_mul(1u32 << failures.saturating_sub(1).min(16));
+    doubled
+        .min(RETRY_MAX)
+        .mul_f64(1.0 - 0.2 * jitter.clamp(0.0, 1.0))
+}
 
 pub(super) fn parse(
     a: &TlsArgs,
     domains: &str,
     data_dir: &Path,
+    create_dirs: bool,
 ) -> Result<AcmeSettings, ConfigError> {
     let mut list = Vec::new();
     for d in domains.split(',').map(|d| d.trim().to_ascii_lowercase()) {
@@ -93,12 +106,14 @@ pub(super) fn parse(
         1,
         3650,
     )? as u64;
-    std::fs::create_dir_all(&cache_dir).or_else(|e| {
-        cfg_err(format!(
-            "ORCA_RELAY_TLS_ACME_CACHE_DIR: cannot create {}: {e}",
-            cache_dir.display()
-        ))
-    })?;
+    if create_dirs {
+        std::fs::create_dir_all(&cache_dir).or_else(|e| {
+            cfg_err(format!(
+                "ORCA_RELAY_TLS_ACME_CACHE_DIR: cannot create {}: {e}",
+                cache_dir.display()
+            ))
+        })?;
+    }
     Ok(AcmeSettings {
         domains: list,
         email,
@@ -114,10 +129,7 @@ fn short_hash(parts: &[&str]) -> String {
         h.update((p.len() as u64).to_be_bytes());
         h.update(p.as_bytes());
     }
-    h.finalize()[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::crypto::ident::hex(&h.finalize()[..8])
 }
 
 impl AcmeSettings {
@@ -126,14 +138,13 @@ impl AcmeSettings {
             .join(format!("account-{}.json", short_hash(&[&self.directory])))
     }
 
-    fn cert_paths(&self) -> (PathBuf, PathBuf) {
+    /// The cached certificate chain and its key, in one file written whole (temp file, then
+    /// rename): a crash can never leave a certificate beside another order's key.
+    fn cert_path(&self) -> PathBuf {
         let mut parts = vec![self.directory.as_str()];
         parts.extend(self.domains.iter().map(String::as_str));
         let h = short_hash(&parts);
-        (
-            self.cache_dir.join(format!("cert-{h}.pem")),
-            self.cache_dir.join(format!("cert-{h}.key.pem")),
-        )
+        self.cache_dir.join(format!("cert-{h}.pem"))
     }
 }
 
@@ -153,10 +164,11 @@ fn now_s() -> i64 {
     crate::clock::now_ms() / 1000
 }
 
+/// The cached certificate if it is usable: chain and key from the one combined file, matching
+/// (`load_pair` checks), covering every domain and not expired.
 fn load_cached(s: &AcmeSettings) -> Option<Held> {
-    let (cp, kp) = s.cert_paths();
-    let (c, k) = (std::fs::read(cp).ok()?, std::fs::read(kp).ok()?);
-    let key = load_pair(&c, &k).ok()?;
+    let both = std::fs::read(s.cert_path()).ok()?;
+    let key = load_pair(&both, &both).ok()?;
     if !s.domains.iter().all(|d| covers(&key, d)) {
         return None;
     }
@@ -199,7 +211,23 @@ fn http_client(extra: &ExtraCa) -> Box<dyn HttpClient> {
     Box::new(client)
 }
 
-async fn account(s: &AcmeSettings, extra: &ExtraCa) -> Result<Account, String> {
+/// The ACME account: the one this process already holds, else the cached credentials, else a
+/// new one. A new account is kept in `held` even when its credentials cannot be written, so a
+/// failing disk does not create a new account on every retry.
+async fn account(
+    s: &AcmeSettings,
+    extra: &ExtraCa,
+    held: &mut Option<Account>,
+) -> Result<Account, String> {
+    if let Some(a) = held {
+        return Ok(a.clone());
+    }
+    let a = load_or_create_account(s, extra).await?;
+    *held = Some(a.clone());
+    Ok(a)
+}
+
+async fn load_or_create_account(s: &AcmeSettings, extra: &ExtraCa) -> Result<Account, String> {
     let extra = extra.clone();
     // Loading the system roots reads files: off the async workers.
     let http = tokio::task::spawn_blocking(move || http_client(&extra))
@@ -229,10 +257,13 @@ async fn account(s: &AcmeSettings, extra: &ExtraCa) -> Result<Account, String> {
         .await
         .map_err(|e| format!("new account: {e}"))?;
     let bytes = serde_json::to_vec(&creds).map_err(|e| e.to_string())?;
-    tokio::task::spawn_blocking(move || write_private(&path, &bytes))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("cannot write the account file: {e}"))?;
+    let saved = tokio::task::spawn_blocking(move || write_private(&path, &bytes)).await;
+    if !matches!(saved, Ok(Ok(()))) {
+        // Kept in memory by the caller: the next restart creates another account, not every retry.
+        log::warn!(
+            "[orca-relay] tls: cannot write the ACME account file; keeping the account in memory"
+        );
+    }
     Ok(acct)
 }
 
@@ -259,8 +290,9 @@ async fn obtain(
     s: &AcmeSettings,
     extra: &ExtraCa,
     resolver: &Resolver,
-) -> Result<(Held, String, String), String> {
-    let account = account(s, extra).await?;
+    held_account: &mut Option<Account>,
+) -> Result<(Held, String), String> {
+    let account = account(s, extra, held_account).await?;
     let ids: Vec<Identifier> = s.domains.iter().cloned().map(Identifier::Dns).collect();
     let mut order = account
         .new_order(&NewOrder::new(&ids))
@@ -318,10 +350,19 @@ async fn obtain(
         .poll_certificate(&RetryPolicy::new().timeout(Duration::from_secs(120)))
         .await
         .map_err(|e| format!("certificate: {e}"))?;
-    let key_pem = key.serialize_pem();
-    let ck = load_pair(chain.as_bytes(), key_pem.as_bytes())?;
+    let combined = combined_pem(&chain, &key.serialize_pem());
+    let ck = load_pair(combined.as_bytes(), combined.as_bytes())?;
     let not_after = not_after(&ck).ok_or("the issued certificate does not parse")?;
-    Ok((Held { key: ck, not_after }, chain, key_pem))
+    Ok((Held { key: ck, not_after }, combined))
+}
+
+/// The chain, then the key, as one PEM file.
+fn combined_pem(chain: &str, key_pem: &str) -> String {
+    let mut out = chain.trim_end().to_string();
+    out.push('\n');
+    out.push_str(key_pem.trim_end());
+    out.push('\n');
+    out
 }
 
 /// Starts the certificate loop: the cached certificate first, an order when none is usable or
@@ -336,66 +377,24 @@ pub fn spawn(
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(|e| format!("SIGHUP handler: {e}"))?;
     tokio::spawn(async move {
-        let cached = {
-            let s = s.clone();
-            tokio::task::spawn_blocking(move || load_cached(&s))
-                .await
-                .ok()
-                .flatten()
+        let mut sched = Schedule {
+            expires: serve_cached(&s, &resolver).await,
+            renew_before: s.renew_before.as_secs() as i64,
+            force: false,
+            failures: 0,
+            retry: RETRY_FIRST,
         };
-        let mut expires = None;
-        if let Some(h) = cached {
-            log::info!("[orca-relay] tls: serving the cached ACME certificate");
-            resolver.set(h.key);
-            expires = Some(h.not_after);
-        }
-        let renew_before = s.renew_before.as_secs() as i64;
-        let mut force = false;
-        let mut retry = RETRY_FIRST;
+        let mut held_account = None;
         loop {
-            let due = force || expires.is_none_or(|na| now_s() >= na - renew_before);
-            let mut wait = match expires {
-                Some(na) => {
-                    Duration::from_secs((na - renew_before - now_s()).clamp(1, 3600) as u64)
-                }
-                None => retry,
-            };
-            if due {
+            let wait = if sched.due() {
                 let attempt = tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    r = obtain(&s, &extra, &resolver) => r,
+                    r = obtain(&s, &extra, &resolver, &mut held_account) => r,
                 };
-                match attempt {
-                    Ok((held, chain, key_pem)) => {
-                        let (cp, kp) = s.cert_paths();
-                        let saved = tokio::task::spawn_blocking(move || {
-                            write_private(&kp, key_pem.as_bytes())?;
-                            write_private(&cp, chain.as_bytes())
-                        })
-                        .await;
-                        if !matches!(saved, Ok(Ok(()))) {
-                            log::warn!("[orca-relay] tls: cannot write the ACME certificate cache");
-                        }
-                        resolver.set(held.key);
-                        expires = Some(held.not_after);
-                        force = false;
-                        retry = RETRY_FIRST;
-                        log::info!("[orca-relay] tls: ACME certificate obtained");
-                        wait = Duration::from_secs(
-                            (held.not_after - renew_before - now_s()).clamp(1, 3600) as u64,
-                        );
-                    }
-                    Err(e) => {
-                        log::warn!(
-                            "[orca-relay] tls: ACME order failed: {e}; retrying in {}s",
-                            retry.as_secs()
-                        );
-                        wait = retry;
-                        retry = (retry * 2).min(RETRY_MAX);
-                        force = false;
-                    }
-                }
-            }
+                sched.settle(&s, &resolver, attempt).await
+            } else {
+                sched.idle_wait()
+            };
             #[cfg(unix)]
             let hup_recv = hup.recv();
             #[cfg(not(unix))]
@@ -405,10 +404,132 @@ pub fn spawn(
                 _ = tokio::time::sleep(wait) => {}
                 _ = hup_recv => {
                     log::info!("[orca-relay] tls: SIGHUP, renewing the ACME certificate");
-                    force = true;
+                    sched.force = true;
                 }
             }
         }
     });
     Ok(())
+}
+
+/// Serves the cached certificate, if there is a usable one; returns its expiry.
+async fn serve_cached(s: &AcmeSettings, resolver: &Resolver) -> Option<i64> {
+    let s = s.clone();
+    let h = tokio::task::spawn_blocking(move || load_cached(&s))
+        .await
+        .ok()
+        .flatten()?;
+    log::info!("[orca-relay] tls: serving the cached ACME certificate");
+    resolver.set(h.key);
+    Some(h.not_after)
+}
+
+/// When the certificate loop orders next.
+struct Schedule {
+    /// The served certificate's expiry (Unix seconds), if one is served.
+    expires: Option<i64>,
+    renew_before: i64,
+    /// A renewal asked for by SIGHUP.
+    force: bool,
+    failures: u32,
+    retry: Duration,
+}
+
+impl Schedule {
+    fn due(&self) -> bool {
+        self.force
+            || self
+                .expires
+                .is_none_or(|na| now_s() >= na - self.renew_before)
+    }
+
+    /// The wait until renewal is due (at most an hour, so a changed clock is noticed), or the
+    /// retry delay while no certificate is served.
+    fn idle_wait(&self) -> Duration {
+        match self.expires {
+            Some(na) => {
+                Duration::from_secs((na - self.renew_before - now_s()).clamp(1, 3600) as u64)
+            }
+            None => self.retry,
+        }
+    }
+
+    /// Serves and caches a new certificate, or schedules the retry; returns the wait.
+    async fn settle(
+        &mut self,
+        s: &AcmeSettings,
+        resolver: &Resolver,
+        attempt: Result<(Held, String), String>,
+    ) -> Duration {
+        self.force = false;
+        match attempt {
+            Ok((held, combined)) => {
+                let path = s.cert_path();
+                let saved =
+                    tokio::task::spawn_blocking(move || write_private(&path, combined.as_bytes()))
+                        .await;
+                if !matches!(saved, Ok(Ok(()))) {
+                    log::warn!("[orca-relay] tls: cannot write the ACME certificate cache");
+                }
+                resolver.set(held.key);
+                self.expires = Some(held.not_after);
+                self.failures = 0;
+                log::info!("[orca-relay] tls: ACME certificate obtained");
+                self.idle_wait()
+            }
+            Err(e) => {
+                self.failures = self.failures.saturating_add(1);
+                self.retry = retry_delay(self.failures, rand::random::<f64>());
+                log::warn!(
+                    "[orca-relay] tls: ACME order failed: {e}; retrying in {}s",
+                    self.retry.as_secs()
+                );
+                self.retry
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_start_at_5s_and_double_to_5_min() {
+        let secs = |n| retry_delay(n, 0.0).as_secs();
+        assert_eq!(
+            (1..=8).map(secs).collect::<Vec<_>>(),
+            vec![5, 10, 20, 40, 80, 160, 300, 300]
+        );
+        assert_eq!(secs(u32::MAX), 300, "no overflow after many failures");
+    }
+
+    #[test]
+    fn retries_are_jittered_down_by_at_most_a_fifth() {
+        for n in [1, 4, 20] {
+            let full = retry_delay(n, 0.0);
+            for j in [0.0, 0.3, 0.999, 5.0, -1.0] {
+                let d = retry_delay(n, j);
+                assert!(d <= full && d >= full.mul_f64(0.8), "{n} {j}: {d:?}");
+            }
+        }
+        assert!(retry_delay(3, 0.5) < retry_delay(3, 0.0));
+    }
+
+    /// The chain and key come back from the one combined file, matching.
+    #[test]
+    fn the_combined_file_holds_a_matching_pair() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["relay.example".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let both = combined_pem(&cert.pem(), &key.serialize_pem());
+        let ck = load_pair(both.as_bytes(), both.as_bytes()).expect("pair");
+        assert!(covers(&ck, "relay.example"));
+        // Another order's key beside this certificate is refused, never served.
+        let other = rcgen::KeyPair::generate().unwrap();
+        let mixed = combined_pem(&cert.pem(), &other.serialize_pem());
+        assert!(load_pair(mixed.as_bytes(), mixed.as_bytes()).is_err());
+    }
 }

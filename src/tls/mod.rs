@@ -1,4 +1,4 @@
-//! TLS built into the listener (README §3 "Deployment shapes").
+//! TLS built into the listener (docs/configuration.md "Deployment shapes").
 //!
 //! Three shapes share one accept path: plain HTTP on loopback (development, the default), built-in
 //! TLS (manual PEM files that reload, or ACME certificates renewed in the background), and plain
@@ -7,11 +7,14 @@
 //!
 //! Settings are validated once at start-up with the rest of the configuration (file reads happen
 //! there, before the runtime starts); [`server`] builds the acceptor and the reloader, [`acme`]
-//! obtains and renews certificates, [`client`] builds the one HTTPS client cluster traffic uses.
+//! obtains and renews certificates, [`client`] builds the one HTTPS client cluster traffic uses,
+//! [`stream`] is an accepted connection (rustls' unbuffered API: nothing buffered while idle).
 
 pub mod acme;
+pub mod certs;
 pub mod client;
 pub mod server;
+pub mod stream;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,7 +24,7 @@ use clap::Args;
 use rustls::pki_types::CertificateDer;
 use rustls::sign::CertifiedKey;
 
-use crate::config::{err as cfg_err, int_in, opt_trimmed as opt, switch, ConfigError};
+use crate::flags::{err as cfg_err, int_in, opt_trimmed as opt, switch, ConfigError};
 
 /// The deployment shapes, printed under `orca-relay serve --help`.
 pub const SHAPES_HELP: &str = "\
@@ -134,6 +137,16 @@ pub fn parse_extra_ca(a: &TlsArgs) -> Result<ExtraCa, ConfigError> {
 
 /// Validates the listener's TLS settings; `None` = plain HTTP. Reads the certificate files.
 pub fn parse_settings(a: &TlsArgs, data_dir: &Path) -> Result<Option<TlsSettings>, ConfigError> {
+    parse_settings_in(a, data_dir, true)
+}
+
+/// [`parse_settings`]; with `create_dirs` false the ACME cache directory is not created
+/// (`orca-relay config check`).
+pub fn parse_settings_in(
+    a: &TlsArgs,
+    data_dir: &Path,
+    create_dirs: bool,
+) -> Result<Option<TlsSettings>, ConfigError> {
     let metrics_tls = switch("ORCA_RELAY_METRICS_TLS", &a.metrics_tls)?;
     let cert = opt(&a.tls_cert);
     let key = opt(&a.tls_key);
@@ -175,7 +188,7 @@ pub fn parse_settings(a: &TlsArgs, data_dir: &Path) -> Result<Option<TlsSettings
                 reload_every: Duration::from_millis(reload_ms),
             }
         }
-        (None, None, Some(domains)) => Source::Acme(acme::parse(a, &domains, data_dir)?),
+        (None, None, Some(domains)) => Source::Acme(acme::parse(a, &domains, data_dir, create_dirs)?),
     };
     Ok(Some(TlsSettings {
         source,

@@ -1,148 +1,50 @@
-//! The listener side of TLS: PEM loading and checks, the certificate resolver (hot-swappable, with
-//! the ACME challenge certificates beside it), the acceptor with its handshake deadline, and the
-//! reloader that watches the certificate files.
+//! The listener side of TLS: the acceptor with its handshake deadline and the reloader that
+//! watches the certificate files (the certificates and the resolver are `certs`).
 //!
 //! Refusals are quiet: a wrong SNI gets a TLS `access_denied` alert, a plain-HTTP request gets a
 //! one-line `400` telling it to use https, a stalled handshake is closed after
 //! [`HANDSHAKE_TIMEOUT`]. None of these logs above debug; each counts in
 //! `orca_relay_tls_handshake_failures_total{reason}`.
+//!
+//! At most [`TLS_HANDSHAKES_MAX`] handshakes run at once (the accept limiter): a connection past
+//! it waits for a slot before any TLS state is allocated for it, at most
+//! [`TLS_HANDSHAKE_WAIT_MS`]; then it is closed and counted (`reason="busy"`). The waiting
+//! connections are bounded by the listener's connection cap, so a storm of handshakes costs a
+//! bounded amount of memory and at most this many handshakes' CPU at a time.
+//!
+//! [`TLS_HANDSHAKES_MAX`]: crate::contract::limits::TLS_HANDSHAKES_MAX
+//! [`TLS_HANDSHAKE_WAIT_MS`]: crate::contract::limits::TLS_HANDSHAKE_WAIT_MS
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::IntCounterVec;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::server::{ClientHello, ParsedCertificate, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio_rustls::server::TlsStream;
-use tokio_rustls::TlsAcceptor;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+pub use super::certs::{
+    covers, load_pair, not_after, pem_certs, read_pair_files, Resolver, ACME_TLS_ALPN,
+};
+use super::stream::TlsIo;
 use super::{Source, TlsSettings};
 
 /// A TLS handshake (and the first byte before it) must finish within this.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// The ALPN protocol of TLS-ALPN-01 validation connections (RFC 8737).
-pub const ACME_TLS_ALPN: &[u8] = b"acme-tls/1";
-
-/// Every certificate in a PEM text.
-pub fn pem_certs(bytes: &[u8]) -> Vec<CertificateDer<'static>> {
-    CertificateDer::pem_slice_iter(bytes)
-        .filter_map(Result::ok)
-        .collect()
-}
-
-/// Reads both files; errors name the variable (never the content).
-pub fn read_pair_files(cert: &Path, key: &Path) -> Result<(Vec<u8>, Vec<u8>), String> {
-    let c = std::fs::read(cert)
-        .map_err(|e| format!("ORCA_RELAY_TLS_CERT: cannot read {}: {e}", cert.display()))?;
-    let k = std::fs::read(key)
-        .map_err(|e| format!("ORCA_RELAY_TLS_KEY: cannot read {}: {e}", key.display()))?;
-    Ok((c, k))
-}
-
-/// Parses a certificate chain and its key and checks that they belong together.
-pub fn load_pair(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<CertifiedKey>, String> {
-    let chain = pem_certs(cert_pem);
-    if chain.is_empty() {
-        return Err("ORCA_RELAY_TLS_CERT holds no PEM certificate".into());
-    }
-    if ParsedCertificate::try_from(&chain[0]).is_err() {
-        return Err("ORCA_RELAY_TLS_CERT: the first certificate does not parse".into());
-    }
-    let key = PrivateKeyDer::from_pem_slice(key_pem)
-        .map_err(|_| "ORCA_RELAY_TLS_KEY holds no PEM private key".to_string())?;
-    let provider = rustls::crypto::ring::default_provider();
-    let signing = provider
-        .key_provider
-        .load_private_key(key)
-        .map_err(|_| "ORCA_RELAY_TLS_KEY is not a usable RSA, ECDSA or Ed25519 key".to_string())?;
-    let ck = CertifiedKey::new(chain, signing);
-    match ck.keys_match() {
-        Ok(()) => Ok(Arc::new(ck)),
-        Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => Ok(Arc::new(ck)),
-        Err(_) => Err("ORCA_RELAY_TLS_KEY does not match ORCA_RELAY_TLS_CERT".into()),
-    }
-}
-
-/// Whether the end-entity certificate is valid for `host` (a DNS name or an IP literal).
-pub fn covers(ck: &CertifiedKey, host: &str) -> bool {
-    let Some(ee) = ck.cert.first() else {
-        return false;
-    };
-    let Ok(parsed) = ParsedCertificate::try_from(ee) else {
-        return false;
-    };
-    let Ok(name) = ServerName::try_from(host.to_string()) else {
-        return false;
-    };
-    rustls::client::verify_server_name(&parsed, &name).is_ok()
-}
-
-/// The certificate the listener serves, swapped whole on reload or renewal; ACME challenge
-/// certificates are answered only to `acme-tls/1` handshakes.
-#[derive(Debug, Default)]
-pub struct Resolver {
-    current: RwLock<Option<Arc<CertifiedKey>>>,
-    challenges: RwLock<HashMap<String, Arc<CertifiedKey>>>,
-}
-
-impl Resolver {
-    pub fn set(&self, ck: Arc<CertifiedKey>) {
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(ck);
-    }
-
-    pub fn current(&self) -> Option<Arc<CertifiedKey>> {
-        self.current
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    pub fn set_challenge(&self, domain: &str, ck: Option<Arc<CertifiedKey>>) {
-        let mut map = self.challenges.write().unwrap_or_else(|e| e.into_inner());
-        match ck {
-            Some(ck) => map.insert(domain.to_ascii_lowercase(), ck),
-            None => map.remove(&domain.to_ascii_lowercase()),
-        };
-    }
-}
-
-impl ResolvesServerCert for Resolver {
-    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let acme = hello
-            .alpn()
-            .is_some_and(|mut protos| protos.any(|p| p == ACME_TLS_ALPN));
-        if acme {
-            let sni = hello.server_name()?.to_ascii_lowercase();
-            return self
-                .challenges
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&sni)
-                .cloned();
-        }
-        let current = self.current()?;
-        // No SNI (clients dialling an IP literal) gets the certificate; a name it does not
-        // cover is refused rather than answered with a certificate the client will reject.
-        match hello.server_name() {
-            Some(sni) if !covers(&current, sni) => None,
-            _ => Some(current),
-        }
-    }
-}
 
 /// The TLS front of a listener.
 pub struct Tls {
-    acceptor: TlsAcceptor,
+    config: Arc<rustls::ServerConfig>,
     pub resolver: Arc<Resolver>,
     failures: IntCounterVec,
+    /// Handshake slots (the accept limiter) and how long a connection waits for one.
+    handshakes: Arc<Semaphore>,
+    handshake_max: usize,
+    handshake_wait: Duration,
 }
 
 impl Tls {
@@ -167,20 +69,37 @@ impl Tls {
             config.ticketer = t;
         }
         Ok(Tls {
-            acceptor: TlsAcceptor::from(Arc::new(config)),
+            config: Arc::new(config),
             resolver,
             failures,
+            handshakes: Arc::new(Semaphore::new(crate::contract::limits::TLS_HANDSHAKES_MAX)),
+            handshake_max: crate::contract::limits::TLS_HANDSHAKES_MAX,
+            handshake_wait: Duration::from_millis(crate::contract::limits::TLS_HANDSHAKE_WAIT_MS),
         })
     }
 
-    fn refuse(&self, reason: &str) -> Option<TlsStream<TcpStream>> {
+    /// Replaces the accept limiter's bound and wait (tests of the limiter itself).
+    pub fn with_handshake_limit(mut self, max: usize, wait: Duration) -> Tls {
+        self.handshakes = Arc::new(Semaphore::new(max));
+        self.handshake_max = max;
+        self.handshake_wait = wait;
+        self
+    }
+
+    /// Handshakes holding a slot of the accept limiter now.
+    pub fn handshakes_in_flight(&self) -> usize {
+        self.handshake_max - self.handshakes.available_permits()
+    }
+
+    fn refuse(&self, reason: &str) -> Option<TlsIo> {
+        debug_assert!(FAILURE_REASONS.contains(&reason), "{reason}");
         self.failures.with_label_values(&[reason]).inc();
         None
     }
 
     /// Runs the handshake on an accepted connection. `None` = refused (already counted and
     /// closed); ACME validation connections end here too.
-    pub async fn accept(&self, mut tcp: TcpStream) -> Option<TlsStream<TcpStream>> {
+    pub async fn accept(&self, mut tcp: TcpStream) -> Option<TlsIo> {
         let work = async {
             // A TLS connection opens with a handshake record (0x16); an ASCII letter is an
             // HTTP method: answer in HTTP so a person with curl sees why.
@@ -199,7 +118,14 @@ impl Tls {
                 let _ = tcp.shutdown().await;
                 return Err("plain_http");
             }
-            self.acceptor.accept(tcp).await.map_err(|e| reason_of(&e))
+            // The accept limiter: no TLS state exists for a connection until it has a slot.
+            let slot = self.handshakes.acquire();
+            let Ok(Ok(_slot)) = tokio::time::timeout(self.handshake_wait, slot).await else {
+                return Err("busy");
+            };
+            TlsIo::accept(tcp, self.config.clone())
+                .await
+                .map_err(|e| reason_of(&e))
         };
         match tokio::time::timeout(HANDSHAKE_TIMEOUT, work).await {
             Err(_) => self.refuse("timeout"),
@@ -208,7 +134,7 @@ impl Tls {
                 self.refuse(reason)
             }
             Ok(Ok(mut tls)) => {
-                if tls.get_ref().1.alpn_protocol() == Some(ACME_TLS_ALPN) {
+                if tls.alpn_protocol() == Some(ACME_TLS_ALPN) {
                     // The validation happened in the handshake; nothing is served on it.
                     let _ = tls.shutdown().await;
                     return None;
@@ -232,6 +158,31 @@ fn reason_of(e: &std::io::Error) -> &'static str {
     }
 }
 
+/// Registers the certificate-expiry gauge (only a process with TLS on its listener has it).
+pub fn expiry_gauge(registry: &prometheus::Registry) -> prometheus::Gauge {
+    let g = prometheus::Gauge::new(
+        "orca_relay_tls_certificate_expiry_timestamp_seconds",
+        "notAfter of the certificate the listener serves, in seconds since the epoch",
+    )
+    .expect("tls gauge");
+    let _ = registry.register(Box::new(g.clone()));
+    g
+}
+
+/// Every `reason` of `orca_relay_tls_handshake_failures_total` ([`reason_of`] and the acceptor's
+/// own refusals), created at zero.
+pub const FAILURE_REASONS: &[&str] = &[
+    "timeout",
+    "busy",
+    "plain_http",
+    "eof",
+    "protocol",
+    "unknown_name",
+    "alpn",
+    "peer_alert",
+    "incompatible",
+];
+
 /// The counter of refused handshakes, registered in the process registry.
 pub fn failures_counter(registry: &prometheus::Registry) -> IntCounterVec {
     let c = IntCounterVec::new(
@@ -242,6 +193,9 @@ pub fn failures_counter(registry: &prometheus::Registry) -> IntCounterVec {
         &["reason"],
     )
     .expect("tls counter");
+    for r in FAILURE_REASONS {
+        c.with_label_values(&[r]);
+    }
     // A second listener in the same process shares the series.
     let _ = registry.register(Box::new(c.clone()));
     c
@@ -257,6 +211,7 @@ pub fn start(
     shutdown: CancellationToken,
 ) -> Result<Arc<Tls>, String> {
     let resolver = Arc::new(Resolver::default());
+    let _ = resolver.expiry.set(expiry_gauge(registry));
     let acme = matches!(settings.source, Source::Acme(_));
     let tls = Arc::new(Tls::new(
         resolver.clone(),
@@ -378,4 +333,38 @@ fn spawn_reloader(
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expiry_gauge_follows_the_served_certificate() {
+        let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let pair = load_pair(
+            ck.cert.pem().as_bytes(),
+            ck.signing_key.serialize_pem().as_bytes(),
+        )
+        .unwrap();
+        let registry = prometheus::Registry::new();
+        let resolver = Resolver::default();
+        let _ = resolver.expiry.set(expiry_gauge(&registry));
+        resolver.set(pair.clone());
+        let want = not_after(&pair).unwrap() as f64;
+        let now = crate::clock::now_ms() as f64 / 1000.0;
+        assert!(want > now, "a fresh certificate expires in the future");
+        assert_eq!(resolver.expiry.get().unwrap().get(), want);
+        let text = {
+            let mut buf = Vec::new();
+            prometheus::Encoder::encode(
+                &prometheus::TextEncoder::new(),
+                &registry.gather(),
+                &mut buf,
+            )
+            .unwrap();
+            String::from_utf8(buf).unwrap()
+        };
+        assert!(text.contains("orca_relay_tls_certificate_expiry_timestamp_seconds "));
+    }
 }

@@ -9,10 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures_util::{SinkExt, StreamExt};
 use orca_relay::cell::testkit::{self, Hello, HostControl, HostIdentity, Pair};
 use orca_relay::store::Db;
-use tokio_tungstenite::tungstenite::Message;
 
 use super::cluster::{double_served, free_port, HostLog, Proc, ADMIN, CLUSTER, SIGNING};
 
@@ -155,26 +153,7 @@ pub async fn spliced(
 
 /// One text frame each way through a splice, within `within`.
 pub async fn echo(pair: &mut Pair, tag: &str, within: Duration) -> Result<(), String> {
-    let run = async {
-        let m = Message::text(format!("to-host {tag}"));
-        pair.phone
-            .send(m.clone())
-            .await
-            .map_err(|e| e.to_string())?;
-        match pair.data.next().await {
-            Some(Ok(got)) if got == m => {}
-            other => return Err(format!("data leg got {other:?}")),
-        }
-        let m = Message::text(format!("to-phone {tag}"));
-        pair.data.send(m.clone()).await.map_err(|e| e.to_string())?;
-        match pair.phone.next().await {
-            Some(Ok(got)) if got == m => Ok(()),
-            other => Err(format!("phone got {other:?}")),
-        }
-    };
-    tokio::time::timeout(within, run)
-        .await
-        .unwrap_or_else(|_| Err("timeout".into()))
+    pair.echo(tag, within).await
 }
 
 /// `/metrics` of a process as name (with labels, as printed) → value.

@@ -1,8 +1,10 @@
-//! Idle-memory measurement shared by `tests/memory_idle.rs` and `examples/idle_bench.rs` (included
-//! there with `#[path]`): a real `orca-relay serve` process on an ephemeral port, N idle pairs
+//! Idle-memory measurement shared by `tests/memory_idle.rs` and `examples/idle_bench.rs` (part of the
+//! support tree): a real `orca-relay serve` process on an ephemeral port, N idle pairs
 //! through the real protocol (host token, `/v1/assign`, control, invite, phone, data leg), and the
-//! server's RSS growth per WebSocket from `/proc/<pid>/status`.
-#![allow(dead_code)]
+//! server's RSS growth per WebSocket from `/proc/<pid>/status`. With TLS the server listens with a
+//! certificate from a CA made for the run (ECDSA P-256), and every leg and request is `https`/`wss`.
+
+use super::tls;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -32,6 +34,7 @@ pub fn raise_nofile() -> u64 {
 pub struct Server {
     pub child: Child,
     pub url: String,
+    pub tls: bool,
     _dir: tempfile::TempDir,
 }
 
@@ -43,9 +46,19 @@ impl Drop for Server {
 }
 
 /// Starts `bin serve` (role all, SQLite in a temp dir, one trusted proxy hop so every pair is its
-/// own pre-auth source) with `envs` added.
-pub fn spawn(bin: &str, envs: &[(String, String)]) -> Server {
+/// own pre-auth source) with `envs` added; with `tls` on its own listener (a test CA's certificate
+/// for 127.0.0.1, trusted by this process's test clients).
+pub fn spawn(bin: &str, envs: &[(String, String)], tls: bool) -> Server {
     let dir = tempfile::tempdir().expect("temp dir");
+    let mut tls_env = Vec::new();
+    if tls {
+        let ca = tls::TestCa::new("orca idle bench ca");
+        let (cert, key) = ca.issue(&["127.0.0.1", "localhost"]);
+        let (c, k) = tls::write_pair(dir.path(), &cert, &key);
+        testkit::trust_extra_ca(ca.pem.as_bytes());
+        tls_env.push(("ORCA_RELAY_TLS_CERT", c.display().to_string()));
+        tls_env.push(("ORCA_RELAY_TLS_KEY", k.display().to_string()));
+    }
     let bin = std::fs::canonicalize(bin).unwrap_or_else(|_| bin.into());
     let mut cmd = Command::new(bin);
     cmd.arg("serve")
@@ -60,6 +73,9 @@ pub fn spawn(bin: &str, envs: &[(String, String)]) -> Server {
         .env("ORCA_RELAY_CELL_CAPACITY", "1000000")
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+    for (k, v) in tls_env {
+        cmd.env(k, v);
+    }
     for (k, v) in envs {
         cmd.env(k, v);
     }
@@ -68,7 +84,10 @@ pub fn spawn(bin: &str, envs: &[(String, String)]) -> Server {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(i) = line.find("listening on http://") {
+            if let Some(i) = line
+                .find("listening on http://")
+                .or_else(|| line.find("listening on https://"))
+            {
                 let _ = tx.send(line[i + "listening on ".len()..].trim().to_string());
             }
         }
@@ -79,6 +98,7 @@ pub fn spawn(bin: &str, envs: &[(String, String)]) -> Server {
     Server {
         child,
         url,
+        tls,
         _dir: dir,
     }
 }
@@ -98,6 +118,35 @@ pub struct Idle {
     pub controls: Vec<HostControl>,
 }
 
+/// A host's assign and control; a `503` (a busy lane on a loaded machine: it carries
+/// `Retry-After`) is retried after a pause, as the apps do, at most 20 times.
+async fn control(url: &str, id: &HostIdentity, token: &str) -> (String, HostControl) {
+    let mut tries = 0;
+    loop {
+        let (cell_url, epoch) = match testkit::assign(url, token, &id.relay_host_id).await {
+            Ok(a) => a,
+            Err(e) if e.contains("503") && tries < 20 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            Err(e) => panic!("assign: {e}"),
+        };
+        let hello = Hello {
+            epoch,
+            ..Hello::default()
+        };
+        match testkit::connect_control(&cell_url, id, token, url, &hello).await {
+            Ok(c) => return (cell_url, c),
+            Err((_, e)) if e.contains("503") && tries < 20 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("control: {e:?}"),
+        }
+    }
+}
+
 /// `hosts` hosts with `per_host` idle pairs each, `concurrency` hosts being set up at a time.
 pub async fn idle_pairs(url: &str, hosts: usize, per_host: usize, concurrency: usize) -> Idle {
     static SOURCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -110,16 +159,7 @@ pub async fn idle_pairs(url: &str, hosts: usize, per_host: usize, concurrency: u
             let _permit = sem.acquire_owned().await.expect("semaphore");
             let id = HostIdentity::generate(&format!("idle-{h}"));
             let token = id.token(SIGNING, &url);
-            let (cell_url, epoch) = testkit::assign(&url, &token, &id.relay_host_id)
-                .await
-                .expect("assign");
-            let hello = Hello {
-                epoch,
-                ..Hello::default()
-            };
-            let mut c = testkit::connect_control(&cell_url, &id, &token, &url, &hello)
-                .await
-                .expect("control");
+            let (cell_url, mut c) = control(&url, &id, &token).await;
             let mut pairs = Vec::new();
             for p in 0..per_host {
                 let invite = c

@@ -1,4 +1,4 @@
-//! README §6 log format, checked line by line on a process's stderr: env_logger's header
+//! docs/reference/http.md log format, checked line by line on a process's stderr: env_logger's header
 //! `[<RFC 3339 ms>Z <LEVEL> <target>]`, then a plain line starting `[orca-relay] ` or
 //! `[orca-push] `, or one JSON object with an `event` string.
 #![allow(dead_code)]
@@ -48,7 +48,7 @@ pub fn assert_lines(lines: &[String]) {
         .collect();
     assert!(
         bad.is_empty(),
-        "lines breaking README §6:\n{}",
+        "lines breaking docs/reference/http.md:\n{}",
         bad.join("\n")
     );
 }

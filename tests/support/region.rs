@@ -9,9 +9,8 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -26,13 +25,8 @@ pub const CLUSTER: &str = "region-cluster-key-region-cluster-key-01";
 pub const ADMIN: &str = "region-admin-token-region-admin-token-01";
 pub const CAP_IDLE_REHOME: &str = "idle-regional-rehome-v1";
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use super::common::ports::free_port;
+use super::common::proc;
 
 /// One `orca-relay serve` process; its stderr lines are kept for the log checks.
 pub struct Node {
@@ -58,44 +52,16 @@ impl Node {
 
     /// Starts the process and waits (≤ 30 s) for its listener.
     pub fn start(&mut self) {
-        let mut cmd = Command::new(&self.bin);
-        cmd.arg("serve")
-            .args(&self.args)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        for (k, v) in &self.envs {
-            cmd.env(k, v);
-        }
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {}: {e}", self.bin.display()));
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let sink = self.log.clone();
-        let name = self.name.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("listening on http://") {
-                    let _ = tx.send(());
-                }
-                if std::env::var("CLUSTER_TEST_VERBOSE").is_ok() {
-                    eprintln!("[{name}] {line}");
-                }
-                sink.lock().unwrap().push(line);
-            }
-        });
-        if rx.recv_timeout(Duration::from_secs(30)).is_err() {
-            let _ = child.kill();
-            panic!(
-                "{} did not start: {:?}",
-                self.name,
-                self.log.lock().unwrap()
-            );
-        }
-        self.child = Some(child);
+        let spec = proc::Spec {
+            verbose_env: "CLUSTER_TEST_VERBOSE",
+            bin: Some(&self.bin),
+            ..proc::Spec::new(&self.name, &self.args, &self.envs)
+        };
+        let spawned =
+            proc::spawn_serve(&spec, &self.log, Duration::from_secs(30)).unwrap_or_else(|()| {
+                panic!("{} did not start: {:?}", self.name, proc::lines(&self.log))
+            });
+        self.child = Some(spawned.child);
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -107,20 +73,7 @@ impl Node {
         let Some(mut child) = self.child.take() else {
             return;
         };
-        unsafe {
-            libc::kill(child.id() as i32, libc::SIGTERM);
-        }
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if start.elapsed() > Duration::from_secs(11) {
-                let _ = child.kill();
-                panic!("{} ignored SIGTERM", self.name);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let status = proc::terminate(&mut child, Duration::from_secs(11), &self.name);
         assert_eq!(status.code(), Some(0), "{} exit", self.name);
     }
 
@@ -403,7 +356,7 @@ pub struct HostPlan {
     /// then and never idle after.
     pub splice_on: Option<Arc<AtomicBool>>,
     /// On a cell's `drain` frame, close the control at once and re-resolve through the director
-    /// (director.md §6.1: told hosts re-ask `/v1/assign`); otherwise hold it until the cell
+    /// (docs/deploy/cluster.md: told hosts re-ask `/v1/assign`); otherwise hold it until the cell
     /// closes it at the drain grace.
     pub leave_on_drain: bool,
 }

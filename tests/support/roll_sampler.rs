@@ -1,14 +1,14 @@
 //! The roll benchmark's double-serving sampler (issue 12), attributing every control lease to the
 //! process that holds it.
 //!
-//! The invariant (director.md §6.5, "one process serves a cell id at a time"; the seed's "the old
+//! The invariant (docs/deploy/cluster.md, "one process serves a cell id at a time"; the seed's "the old
 //! socket served by the old process while its clients go to the new cell"): no host may hold
 //! unexpired, activated control leases on two cells whose processes are both running. A lease
 //! belongs to a running process when its `cell_incarnation` is the incarnation that process minted
 //! at start (read from the process's own `orca_relay_process_started` line, not from the runtime
 //! table, which still names a stopped process until its successor's first heartbeat and does not
 //! yet name a new process before it). A lease with no incarnation (re-acquired through
-//! `acquireActivity`, protocol.md §4.4) is counted as its cell's running process's. The running set
+//! `acquireActivity`, docs/reference/websocket.md) is counted as its cell's running process's. The running set
 //! of a sample is the union of the sets read just before and just after the lease query, so a
 //! process that starts or stops during the query is counted as running: the sampler can only
 //! over-count, never hide a violation. A lease of a process that has exited (its release never
@@ -28,7 +28,7 @@ use std::time::Duration;
 use orca_relay::store::Db;
 use serde_json::Value;
 
-use crate::region::{CellNode, Node};
+use super::region::{CellNode, Node};
 
 /// What the sampler saw.
 #[derive(Default, Debug)]
@@ -175,7 +175,7 @@ pub fn judge(
 }
 
 /// The hosts the sampler judges: relay host id → what the host records.
-pub type Hosts = BTreeMap<String, Arc<Mutex<crate::region::HostStats>>>;
+pub type Hosts = BTreeMap<String, Arc<Mutex<super::region::HostStats>>>;
 
 fn host_views(hosts: &Hosts) -> BTreeMap<String, HostView> {
     hosts
@@ -321,7 +321,7 @@ pub fn start_roll_sampler(
 }
 
 /// Epochs a host was granted never go down, and every move to another cell raises it.
-pub fn epochs_ok(grants: &[crate::region::Grant]) -> bool {
+pub fn epochs_ok(grants: &[super::region::Grant]) -> bool {
     grants.windows(2).all(|w| {
         if w[0].cell_url == w[1].cell_url {
             w[1].epoch >= w[0].epoch

@@ -1,6 +1,6 @@
 //! A Postgres transaction held open by the test that locks one host's assignment row, the way a
 //! long transaction of another process would: every statement that locks the row (the source
-//! cell's `reconcileIdleRegionalRehome`, which waits ≤ 1 000 ms per try, director.md §8.5) waits
+//! cell's `reconcileIdleRegionalRehome`, which waits ≤ 1 000 ms per try, docs/reference/http.md) waits
 //! and fails until [`RowLock::release`].
 #![allow(dead_code)]
 

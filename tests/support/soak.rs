@@ -79,7 +79,7 @@ pub fn spawn_server(bin: &Path, data_dir: &Path) -> Server {
         .env("ORCA_RELAY_CLUSTER_KEY", CLUSTER)
         .env("ORCA_RELAY_TRUSTED_PROXY_HOPS", "1")
         .env("ORCA_RELAY_PUBLIC_ASSIGNMENT_CONCURRENCY", "4")
-        // glibc allocator tuning, passed through for the RSS investigation (README, soak).
+        // glibc allocator tuning, passed through for the RSS investigation (docs/benchmarks.md, soak).
         .envs(std::env::vars().filter(|(k, _)| k.starts_with("MALLOC_")))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

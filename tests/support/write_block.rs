@@ -2,7 +2,7 @@
 //! can put a cell's activation or release "in flight" and decide when it may land:
 //!
 //! - Postgres: a transaction of the test's own locks the host's assignment row
-//!   ([`crate::row_lock`]); every cell-driven operation on that host (activation, release) waits
+//!   ([`super::row_lock`]); every cell-driven operation on that host (activation, release) waits
 //!   ≤ 1 000 ms per try for it and fails while it is held.
 //! - SQLite: a connection of the test's own holds the file's write lock (`BEGIN IMMEDIATE`); every
 //!   write of the server waits in its busy handler (5 s per try) until the lock is let go.
@@ -12,7 +12,7 @@ use orca_relay::store::testing::TestDb;
 use orca_relay::store::DbKind;
 
 pub enum WriteBlock {
-    Postgres(crate::row_lock::RowLock),
+    Postgres(super::row_lock::RowLock),
     Sqlite {
         release: std::sync::mpsc::Sender<()>,
         done: std::thread::JoinHandle<()>,
@@ -23,7 +23,7 @@ pub enum WriteBlock {
 pub async fn block_host_writes(t: &TestDb, user_id: &str, relay_host_id: &str) -> WriteBlock {
     match t.kind() {
         DbKind::Postgres => WriteBlock::Postgres(
-            crate::row_lock::lock_assignment(&t.url, user_id, relay_host_id).await,
+            super::row_lock::lock_assignment(&t.url, user_id, relay_host_id).await,
         ),
         DbKind::Sqlite => {
             let path = t

@@ -3,8 +3,7 @@
 //! operator routes, and the invariant sampler (no host with live controls on two cells).
 #![allow(dead_code)]
 
-#[path = "../common/mod.rs"]
-pub mod common;
+pub use super::common;
 
 use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,13 +20,7 @@ pub const SIGNING: &str = "cluster-signing-key-cluster-signing-key-0001";
 pub const CLUSTER: &str = "cluster-node-key-cluster-node-key-0001";
 pub const ADMIN: &str = "cluster-admin-token-cluster-admin-token-01";
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use common::ports::free_port;
 
 pub struct Proc {
     pub name: String,
@@ -35,6 +28,8 @@ pub struct Proc {
     pub envs: Vec<(String, String)>,
     pub child: Option<Child>,
     pub log: Arc<Mutex<Vec<String>>>,
+    /// The thread reading the running child's stderr (joined after its exit).
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Proc {
@@ -45,6 +40,7 @@ impl Proc {
             envs,
             child: None,
             log: Arc::new(Mutex::new(Vec::new())),
+            reader: None,
         }
     }
 
@@ -63,12 +59,16 @@ impl Proc {
                 )
             });
         self.child = Some(spawned.child);
+        self.reader = Some(spawned.reader);
     }
 
-    /// SIGTERM and wait for a clean exit.
+    /// SIGTERM and wait for a clean exit; then every line the process wrote is in `log`.
     pub fn terminate(&mut self) {
         let mut child = self.child.take().expect("running");
         let status = common::proc::terminate(&mut child, Duration::from_secs(11), &self.name);
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
         assert_eq!(
             status.code(),
             Some(0),
@@ -268,6 +268,16 @@ pub struct Fleet {
 }
 
 pub async fn start_fleet(db_url: &str, directors: usize, cells: usize) -> Fleet {
+    start_fleet_with(db_url, directors, cells, &[]).await
+}
+
+/// [`start_fleet`] with `extra` settings for every process.
+pub async fn start_fleet_with(
+    db_url: &str,
+    directors: usize,
+    cells: usize,
+    extra: &[(&str, &str)],
+) -> Fleet {
     let dports: Vec<u16> = (0..directors).map(|_| free_port()).collect();
     let cports: Vec<u16> = (0..cells).map(|_| free_port()).collect();
     let director_urls: Vec<String> = dports
@@ -289,7 +299,7 @@ pub async fn start_fleet(db_url: &str, directors: usize, cells: usize) -> Fleet 
             .collect::<Vec<_>>(),
     )
     .unwrap();
-    let common = vec![
+    let mut common = vec![
         ("ORCA_RELAY_DATABASE_URL".to_string(), db_url.to_string()),
         ("ORCA_RELAY_ASSIGNMENT_SIGNING_KEY".into(), SIGNING.into()),
         ("ORCA_RELAY_CLUSTER_KEY".into(), CLUSTER.into()),
@@ -304,6 +314,7 @@ pub async fn start_fleet(db_url: &str, directors: usize, cells: usize) -> Fleet 
             "1".into(),
         ),
     ];
+    common.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     let mut dprocs: Vec<Proc> = dports
         .iter()
         .enumerate()

@@ -28,6 +28,12 @@ pub struct Spec<'a> {
     pub rust_log: &'a str,
     /// Echo every line to stderr when this environment variable is set.
     pub verbose_env: &'a str,
+    /// A command the binary runs under (`ip netns exec <ns>`), empty for none. The wrapper must
+    /// exec the binary, so the child's pid stays the relay's.
+    pub wrap: &'a [String],
+    /// The binary to run; `None` for the one cargo built for this test. An example (which cargo
+    /// gives no binary path) names one.
+    pub bin: Option<&'a Path>,
 }
 
 impl<'a> Spec<'a> {
@@ -39,16 +45,29 @@ impl<'a> Spec<'a> {
             cwd: None,
             rust_log: "info",
             verbose_env: "TEST_PROC_VERBOSE",
+            wrap: &[],
+            bin: None,
         }
     }
 
     /// The command, stderr piped and stdout discarded.
     pub fn command(&self) -> Command {
         // `option_env!`: examples share the harnesses, and cargo names the binary only to tests.
-        let Some(bin) = option_env!("CARGO_BIN_EXE_orca-relay") else {
-            panic!("the orca-relay binary is known to integration tests only");
+        let bin = match self.bin {
+            Some(b) => b,
+            None => match option_env!("CARGO_BIN_EXE_orca-relay") {
+                Some(b) => Path::new(b),
+                None => panic!("the orca-relay binary is known to integration tests only"),
+            },
         };
-        let mut cmd = Command::new(bin);
+        let mut cmd = match self.wrap.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
         cmd.arg("serve")
             .args(self.args)
             .env_clear()

@@ -123,3 +123,13 @@ pub async fn real_eventually(within: Duration, mut f: impl FnMut() -> bool) -> b
             .expect("poll pause");
     }
 }
+
+/// Moves tokio's clock forward by `d` at once; with the test clock (`clock::now_ms` follows tokio
+/// time in this crate's tests) the in-process server's rules see `d` pass too, and its timers due
+/// in between fire. Real time then runs on from the new instant.
+pub async fn jump(d: Duration) {
+    const _: () = assert!(orca_relay::clock::TEST_CLOCK, "tests run on the test clock");
+    tokio::time::pause();
+    tokio::time::advance(d).await;
+    tokio::time::resume();
+}

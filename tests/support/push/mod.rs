@@ -1,10 +1,9 @@
-//! Shared harness of the push tests (push.md §14): an in-process server on an ephemeral port, the
+//! Shared harness of the push tests (docs/reference/http.md): an in-process server on an ephemeral port, the
 //! host helper H, request helpers, fake providers and a log capture used by the log scan (U-48).
 
 #![allow(dead_code)]
 
-#[path = "../common/mod.rs"]
-pub mod common;
+pub use super::common;
 pub mod fakes;
 pub mod keys;
 
@@ -184,6 +183,44 @@ impl Server {
             .unwrap()
     }
 
+    /// Waits until the delivery worker made an idle pass that started after this call:
+    /// everything due before it was delivered or rescheduled and nothing is in flight. In
+    /// process, the worker's own signal; in another process, its `orca_push_worker_runs_total`
+    /// idle count moving by two (the second idle run started after the first was counted).
+    pub async fn worker_settled(&self) {
+        const WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+        if let Some(r) = &self.running {
+            let push = r.push.clone().expect("push role");
+            tokio::time::timeout(WITHIN, push.worker_settled())
+                .await
+                .expect("the worker goes idle");
+            return;
+        }
+        let before = self.idle_runs().await;
+        common::wait::wait_until("two idle worker runs", WITHIN, || async {
+            self.idle_runs().await >= before + 2
+        })
+        .await;
+    }
+
+    /// `orca_push_worker_runs_total{end="idle"}` of the process behind `base`.
+    pub async fn idle_runs(&self) -> u64 {
+        let text = self
+            .client
+            .get(format!("{}/metrics", self.base))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text");
+        text.lines()
+            .find_map(|l| l.strip_prefix(r#"orca_push_worker_runs_total{end="idle"} "#))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("orca_push_worker_runs_total{end=\"idle\"} exported")
+    }
+
     pub async fn stop(mut self) {
         if let Some(r) = self.running.take() {
             r.shutdown().await;
@@ -344,7 +381,7 @@ impl Host {
         serde_json::from_value(v).unwrap()
     }
 
-    /// Opens the box with the §3.2 checks and returns `proofB64`.
+    /// Opens the box with the checks and returns `proofB64`.
     pub fn answer(&self, s: &Server, c: &PushChallengeResponse) -> String {
         let proof =
             answer_push_challenge(&self.key.secret, &s.base, c, orca_relay::clock::now_ms())
@@ -388,4 +425,5 @@ where
 
 /// Polls the asynchronous `f` until it is true or `within` passes (the common one).
 #[allow(unused_imports)]
+pub use common::time::jump;
 pub use common::wait::eventually_async as eventually;

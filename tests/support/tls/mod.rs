@@ -2,8 +2,7 @@
 //! stderr is captured, and a raw TLS probe that reports the certificate a listener serves.
 #![allow(dead_code)]
 
-#[path = "../common/mod.rs"]
-pub mod common;
+pub use super::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Child;

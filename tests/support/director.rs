@@ -1,4 +1,4 @@
-//! Harness of the director acceptance tests (director.md §9): an in-process `--role director`
+//! Harness of the director acceptance tests (ARCHITECTURE.md): an in-process `--role director`
 //! server on a fresh database, cells registered through `POST /v1/admin/cells` and played by
 //! POSTing heartbeats with cluster tokens.
 //!
@@ -7,8 +7,7 @@
 
 #![allow(dead_code)]
 
-#[path = "../support/common/mod.rs"]
-pub mod common;
+pub use super::common;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -388,7 +387,7 @@ pub fn uuid() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
-/// §1.5 invariants 1, 2, 3, 5, 6.
+/// invariants 1, 2, 3, 5, 6.
 pub async fn check_invariants(db: &orca_relay::store::Db) {
     let bad = db
         .query(

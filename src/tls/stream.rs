@@ -1,0 +1,551 @@
+//! An accepted TLS connection that holds no buffer while it is quiet.
+//!
+//! rustls' buffered connection (and tokio-rustls over it) keeps a 4 KiB receive buffer per
+//! connection for as long as the connection lives, which is most of what an idle TLS WebSocket
+//! costs. [`TlsIo`] drives rustls' unbuffered connection instead: the ciphertext read, the
+//! plaintext not yet handed to the reader and the ciphertext not yet written are this type's own
+//! vectors, each freed as soon as it is empty. A quiet connection holds only rustls' session state
+//! (its traffic keys) and the socket. The protocol (versions, suites, certificate, ALPN, tickets)
+//! is rustls' own, configured by the same `ServerConfig` as before.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use rustls::server::UnbufferedServerConnection;
+use rustls::unbuffered::{ConnectionState, EncodeError, EncryptError, UnbufferedStatus};
+use rustls::ServerConfig;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+
+/// Spare room kept for each socket read (a full TLS record is 16 KiB of payload plus overhead).
+const READ_CHUNK: usize = 16 * 1024;
+/// Ciphertext held waiting for the rest of a message; rustls refuses larger handshake messages
+/// (64 KiB) and records (18 KiB) itself, this only bounds the buffer whatever the peer sends.
+const INCOMING_MAX: usize = 80 * 1024;
+/// Plaintext encrypted per `poll_write` (four full records), so the ciphertext queue is bounded.
+const WRITE_CHUNK: usize = 64 * 1024;
+/// Ciphertext added per record (header, content type, tag, TLS 1.2 explicit nonce), with room.
+const RECORD_OVERHEAD: usize = 64;
+
+/// A server-side TLS stream over an accepted TCP connection (see the module docs).
+pub struct TlsIo {
+    tcp: TcpStream,
+    conn: UnbufferedServerConnection,
+    /// Ciphertext read from the socket, not yet processed.
+    incoming: Vec<u8>,
+    /// Plaintext processed but not yet read, from `plain_at`.
+    plain: Vec<u8>,
+    plain_at: usize,
+    /// Ciphertext to write, from `out_at`.
+    out: Vec<u8>,
+    out_at: usize,
+    /// The peer's close_notify was processed: end of stream once `plain` is read.
+    peer_closed: bool,
+    /// The socket reached EOF without a close_notify (a truncation: read as an error).
+    truncated: bool,
+    close_sent: bool,
+}
+
+/// What one [`TlsIo::drive`] asks of rustls once the records received are processed.
+#[derive(Clone, Copy)]
+enum Act<'a> {
+    Nothing,
+    Write(&'a [u8]),
+    Close,
+}
+
+/// Where [`TlsIo::drive`] stopped.
+#[derive(Debug, PartialEq, Eq)]
+enum Driven {
+    /// The handshake needs more bytes from the peer.
+    NeedInput,
+    /// Application data may be written; the count of `Act::Write` bytes taken.
+    Open(usize),
+    /// Both close_notify alerts have been exchanged.
+    Closed,
+}
+
+fn tls_err(e: rustls::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+/// Appends what `f` writes to `out`, growing it to the size `f` asks for when the guess is short.
+fn append<E>(
+    out: &mut Vec<u8>,
+    guess: usize,
+    mut f: impl FnMut(&mut [u8]) -> Result<usize, E>,
+    required: impl Fn(&E) -> Option<usize>,
+) -> Result<(), E> {
+    let start = out.len();
+    let mut size = guess;
+    loop {
+        out.resize(start + size, 0);
+        match f(&mut out[start..]) {
+            Ok(n) => {
+                out.truncate(start + n);
+                return Ok(());
+            }
+            Err(e) => match required(&e) {
+                Some(need) if need > size => size = need,
+                _ => {
+                    out.truncate(start);
+                    return Err(e);
+                }
+            },
+        }
+    }
+}
+
+fn encode_required(e: &EncodeError) -> Option<usize> {
+    match e {
+        EncodeError::InsufficientSize(s) => Some(s.required_size),
+        _ => None,
+    }
+}
+
+fn encrypt_required(e: &EncryptError) -> Option<usize> {
+    match e {
+        EncryptError::InsufficientSize(s) => Some(s.required_size),
+        _ => None,
+    }
+}
+
+fn encrypt_err(e: EncryptError) -> rustls::Error {
+    rustls::Error::General(format!("tls encrypt: {e}"))
+}
+
+impl TlsIo {
+    /// Runs the server handshake on `tcp`. rustls' errors come back as `InvalidData` I/O errors
+    /// carrying the `rustls::Error` (an alert the handshake owes the peer is sent first); EOF
+    /// before the handshake completes is `UnexpectedEof`.
+    pub async fn accept(tcp: TcpStream, config: Arc<ServerConfig>) -> io::Result<TlsIo> {
+        let conn = UnbufferedServerConnection::new(config).map_err(tls_err)?;
+        let mut io = TlsIo {
+            tcp,
+            conn,
+            incoming: Vec::new(),
+            plain: Vec::new(),
+            plain_at: 0,
+            out: Vec::new(),
+            out_at: 0,
+            peer_closed: false,
+            truncated: false,
+            close_sent: false,
+        };
+        std::future::poll_fn(|cx| io.poll_handshake(cx)).await?;
+        Ok(io)
+    }
+
+    /// The ALPN protocol agreed in the handshake.
+    pub fn alpn_protocol(&self) -> Option<&[u8]> {
+        self.conn.alpn_protocol()
+    }
+
+    fn poll_handshake(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            let driven = self.drive(Act::Nothing);
+            if let Err(e) = driven {
+                // The alert rustls queued with the error is encoded by one more round.
+                let _ = self.drive(Act::Nothing);
+                let _ = self.poll_write_out(cx);
+                return Poll::Ready(Err(tls_err(e)));
+            }
+            let flushed = self.poll_write_out(cx)?;
+            match driven {
+                Ok(Driven::Open(_)) if !self.conn.is_handshaking() => {
+                    ready!(flushed);
+                    return Poll::Ready(Ok(()));
+                }
+                Ok(Driven::Closed) => return Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into())),
+                _ => {}
+            }
+            ready!(flushed);
+            if ready!(self.poll_fill(cx))? == 0 {
+                return Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into()));
+            }
+        }
+    }
+
+    /// Processes every complete record received, queues what rustls has to send into `out`, and
+    /// performs `act` once application data may flow.
+    fn drive(&mut self, act: Act<'_>) -> Result<Driven, rustls::Error> {
+        loop {
+            let UnbufferedStatus { discard, state } =
+                self.conn.process_tls_records(&mut self.incoming);
+            let stop = match state? {
+                ConnectionState::ReadTraffic(mut r) => {
+                    while let Some(rec) = r.next_record() {
+                        self.plain.extend_from_slice(rec?.payload);
+                    }
+                    None
+                }
+                ConnectionState::ReadEarlyData(mut r) => {
+                    while let Some(rec) = r.next_record() {
+                        self.plain.extend_from_slice(rec?.payload);
+                    }
+                    None
+                }
+                ConnectionState::EncodeTlsData(mut e) => {
+                    append(&mut self.out, 512, |b| e.encode(b), encode_required)
+                        .map_err(|e| rustls::Error::General(format!("tls encode: {e}")))?;
+                    None
+                }
+                // What was encoded is in `out`, written before the next read and on flush.
+                ConnectionState::TransmitTlsData(t) => {
+                    t.done();
+                    None
+                }
+                ConnectionState::PeerClosed => {
+                    self.peer_closed = true;
+                    None
+                }
+                ConnectionState::Closed => Some(Driven::Closed),
+                ConnectionState::BlockedHandshake => Some(Driven::NeedInput),
+                ConnectionState::WriteTraffic(mut w) => Some(match act {
+                    Act::Nothing => Driven::Open(0),
+                    Act::Write(data) => {
+                        let guess = data.len() + RECORD_OVERHEAD * (1 + data.len() / 16_384);
+                        append(
+                            &mut self.out,
+                            guess,
+                            |b| w.encrypt(data, b),
+                            encrypt_required,
+                        )
+                        .map_err(encrypt_err)?;
+                        Driven::Open(data.len())
+                    }
+                    Act::Close => {
+                        if !self.close_sent {
+                            let close = |b: &mut [u8]| w.queue_close_notify(b);
+                            append(&mut self.out, 64, close, encrypt_required)
+                                .map_err(encrypt_err)?;
+                            self.close_sent = true;
+                        }
+                        Driven::Open(0)
+                    }
+                }),
+                _ => return Err(rustls::Error::General("tls: unexpected state".into())),
+            };
+            self.incoming.drain(..discard);
+            if self.incoming.is_empty() {
+                self.incoming = Vec::new();
+            }
+            if let Some(d) = stop {
+                return Ok(d);
+            }
+        }
+    }
+
+    /// Reads from the socket into `incoming`; `Ready(Ok(0))` is EOF.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.incoming.len() >= INCOMING_MAX {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "tls: incomplete message over the buffer bound",
+            )));
+        }
+        loop {
+            // Room is made only once the socket is readable: a connection waiting for its peer
+            // holds no read buffer.
+            ready!(self.tcp.poll_read_ready(cx))?;
+            if self.incoming.capacity() - self.incoming.len() < READ_CHUNK / 4 {
+                self.incoming.reserve(READ_CHUNK);
+            }
+            match self.tcp.try_read_buf(&mut self.incoming) {
+                Ok(n) => return Poll::Ready(Ok(n)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if self.incoming.is_empty() {
+                        self.incoming = Vec::new();
+                    }
+                }
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+
+    /// Writes `out` to the socket; `Ready(Ok)` once it is all written (and freed).
+    fn poll_write_out(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.out_at < self.out.len() {
+            let n = ready!(Pin::new(&mut self.tcp).poll_write(cx, &self.out[self.out_at..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.out_at += n;
+        }
+        self.out = Vec::new();
+        self.out_at = 0;
+        Poll::Ready(Ok(()))
+    }
+
+    /// Hands buffered plaintext to `buf`; true if any was there.
+    fn take_plain(&mut self, buf: &mut ReadBuf<'_>) -> bool {
+        if self.plain_at >= self.plain.len() {
+            return false;
+        }
+        let n = buf.remaining().min(self.plain.len() - self.plain_at);
+        buf.put_slice(&self.plain[self.plain_at..self.plain_at + n]);
+        self.plain_at += n;
+        if self.plain_at == self.plain.len() {
+            self.plain = Vec::new();
+            self.plain_at = 0;
+        }
+        true
+    }
+}
+
+impl AsyncRead for TlsIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            if buf.remaining() == 0 || this.take_plain(buf) || this.peer_closed {
+                return Poll::Ready(Ok(()));
+            }
+            if this.truncated {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "peer closed the connection without a TLS close_notify",
+                )));
+            }
+            if this.drive(Act::Nothing).map_err(tls_err)? == Driven::Closed {
+                this.peer_closed = true;
+            }
+            // What rustls owes the peer (a key update, an alert) goes out with the reads; if the
+            // socket is full, its write readiness wakes this task.
+            if let Poll::Ready(Err(e)) = this.poll_write_out(cx) {
+                return Poll::Ready(Err(e));
+            }
+            if this.plain_at < this.plain.len() || this.peer_closed {
+                continue;
+            }
+            if ready!(this.poll_fill(cx))? == 0 {
+                this.truncated = true;
+            }
+        }
+    }
+}
+
+impl AsyncWrite for TlsIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        ready!(this.poll_write_out(cx))?;
+        if data.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        let take = &data[..data.len().min(WRITE_CHUNK)];
+        match this.drive(Act::Write(take)).map_err(tls_err)? {
+            Driven::Open(n) => {
+                // Sent now if the socket takes it; otherwise before the next write or on flush.
+                if let Poll::Ready(Err(e)) = this.poll_write_out(cx) {
+                    return Poll::Ready(Err(e));
+                }
+                Poll::Ready(Ok(n))
+            }
+            Driven::Closed | Driven::NeedInput => {
+                Poll::Ready(Err(io::ErrorKind::NotConnected.into()))
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_write_out(cx))?;
+        Pin::new(&mut this.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if !this.close_sent {
+            // Best effort, as a close on a broken connection: the socket is shut down either way.
+            if this.drive(Act::Close).is_err() {
+                this.close_sent = true;
+            }
+        }
+        ready!(this.poll_write_out(cx))?;
+        Pin::new(&mut this.tcp).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// A server config with a certificate for `localhost` from a fresh CA, and a client config
+    /// trusting that CA offering `versions` and `alpn`.
+    fn configs(
+        versions: &[&'static rustls::SupportedProtocolVersion],
+        alpn: &[u8],
+    ) -> (Arc<ServerConfig>, Arc<rustls::ClientConfig>) {
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut server = ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![CertificateDer::from(cert.der().to_vec())],
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+            )
+            .unwrap();
+        server.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from(ca_cert.der().to_vec()))
+            .unwrap();
+        let mut client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(versions)
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        client.alpn_protocols = vec![alpn.to_vec()];
+        (Arc::new(server), Arc::new(client))
+    }
+
+    async fn connect(
+        client: Arc<rustls::ClientConfig>,
+        addr: std::net::SocketAddr,
+    ) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        let tcp = TcpStream::connect(addr).await?;
+        let name = ServerName::try_from("localhost").unwrap();
+        tokio_rustls::TlsConnector::from(client)
+            .connect(name, tcp)
+            .await
+    }
+
+    async fn ping(c: &mut tokio_rustls::client::TlsStream<TcpStream>) {
+        c.write_all(b"ping!").await.unwrap();
+        c.flush().await.unwrap();
+        let mut back = [0u8; 5];
+        c.read_exact(&mut back).await.unwrap();
+        assert_eq!(&back, b"ping!");
+    }
+
+    fn held(io: &TlsIo) -> usize {
+        io.incoming.capacity() + io.plain.capacity() + io.out.capacity()
+    }
+
+    /// A ping, a megabyte each way in uneven writes and a ping through the real socket, on TLS 1.3
+    /// and 1.2: once a ping is echoed (nothing in flight) the connection holds no buffer, and
+    /// close_notify ends each side's reads cleanly.
+    #[tokio::test]
+    async fn echoes_both_ways_holds_nothing_idle_and_closes_cleanly() {
+        for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
+            let (server, client) = configs(&[version], b"http/1.1");
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let echo = tokio::spawn(async move {
+                let (tcp, _) = listener.accept().await.unwrap();
+                let mut io = TlsIo::accept(tcp, server).await.unwrap();
+                assert_eq!(io.alpn_protocol(), Some(&b"http/1.1"[..]));
+                let mut idle_held = Vec::new();
+                let mut buf = vec![0u8; 7_000];
+                loop {
+                    let n = io.read(&mut buf).await.unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    io.write_all(&buf[..n]).await.unwrap();
+                    io.flush().await.unwrap();
+                    idle_held.push(held(&io));
+                }
+                io.shutdown().await.unwrap();
+                idle_held
+            });
+            let mut c = connect(client, addr).await.unwrap();
+            ping(&mut c).await;
+            let data: Vec<u8> = (0..1_000_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+            let (mut r, mut w) = tokio::io::split(c);
+            let sender = {
+                let data = data.clone();
+                tokio::spawn(async move {
+                    for chunk in data.chunks(40_001) {
+                        w.write_all(chunk).await.unwrap();
+                    }
+                    w.flush().await.unwrap();
+                    w
+                })
+            };
+            let mut back = vec![0u8; data.len()];
+            r.read_exact(&mut back).await.unwrap();
+            assert!(back == data, "echo differs ({version:?})");
+            let w = sender.await.unwrap();
+            c = r.unsplit(w);
+            ping(&mut c).await;
+            c.shutdown().await.unwrap();
+            let mut rest = Vec::new();
+            assert_eq!(c.read_to_end(&mut rest).await.unwrap(), 0, "clean end");
+            let idle_held = echo.await.unwrap();
+            assert_eq!(idle_held[0], 0, "nothing held after the first ping");
+            assert_eq!(idle_held.last(), Some(&0), "nor after the last");
+        }
+    }
+
+    /// A refused handshake sends rustls' alert before closing, and the error carries the reason.
+    #[tokio::test]
+    async fn refused_handshake_sends_the_alert() {
+        let (server, client) = configs(&[&rustls::version::TLS13], b"h2");
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let srv = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let Err(e) = TlsIo::accept(tcp, server).await else {
+                panic!("accepted a handshake without a common ALPN protocol")
+            };
+            e
+        });
+        let err = connect(client, addr).await.expect_err("refused");
+        assert!(err.to_string().contains("NoApplicationProtocol"), "{err}");
+        let e = srv.await.unwrap();
+        let inner = e.get_ref().and_then(|x| x.downcast_ref::<rustls::Error>());
+        assert_eq!(inner, Some(&rustls::Error::NoApplicationProtocol));
+    }
+
+    /// EOF without close_notify reads as an error (a truncation), not as the end of the stream.
+    #[tokio::test]
+    async fn eof_without_close_notify_is_an_error() {
+        let (server, client) = configs(&[&rustls::version::TLS13], b"http/1.1");
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let srv = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut io = TlsIo::accept(tcp, server).await.unwrap();
+            let mut buf = [0u8; 16];
+            let n = io.read(&mut buf).await.unwrap();
+            (buf[..n].to_vec(), io.read(&mut buf).await)
+        });
+        let mut c = connect(client, addr).await.unwrap();
+        c.write_all(b"hello").await.unwrap();
+        c.flush().await.unwrap();
+        let (tcp, _) = c.into_inner();
+        drop(tcp);
+        let (first, second) = srv.await.unwrap();
+        assert_eq!(first, b"hello");
+        assert_eq!(
+            second.unwrap_err().kind(),
+            io::ErrorKind::UnexpectedEof,
+            "truncation"
+        );
+    }
+}
