@@ -36,7 +36,7 @@ use history::{Entry, History, Op};
 use netns::{DelayProxy, Dir, Net, Node, NsProc, Postgres};
 use orca_relay::cell::testkit::{self, Hello, HostControl, HostIdentity, Pair};
 use orca_relay::store::Db;
-use tls::common::wait::wait_until;
+use tls::common::wait::{wait_until, POLL_REQUEST};
 
 const SIGNING: &str = "partition-signing-key-partition-signing-key-01";
 const CLUSTER: &str = "partition-node-key-partition-node-key-000001";
@@ -48,6 +48,8 @@ const HOSTS: usize = 4;
 const PORT: u16 = 7000;
 /// After a heal: every host granted, connected and paired again within this long.
 const RECOVERY: Duration = Duration::from_secs(60);
+/// From the processes' start to both cells live in the director's view.
+const CELLS_LIVE_WITHIN: Duration = Duration::from_secs(120);
 /// How often a connected host pairs a new phone.
 const PAIR_EVERY: Duration = Duration::from_millis(2_000);
 
@@ -213,15 +215,32 @@ impl World {
                 &[common(cell_db.clone()), tls_env(node)].concat(),
             ));
         }
-        let d = director.clone();
-        wait_until("both cells live", Duration::from_secs(60), || {
-            let d = d.clone();
-            async move {
-                let cs = cell_status(&d).await;
-                cs.len() == 2 && cs.iter().all(|c| c["live"] == true)
+        // Four worlds start at once on a small machine (a private Postgres and three debug
+        // processes each), so the first heartbeats can take a while; on a timeout the director's
+        // view and every process's last lines say which part did not come up.
+        let deadline = tokio::time::Instant::now() + CELLS_LIVE_WITHIN;
+        let mut last = cell_status(&director).await;
+        while !(last.len() == 2 && last.iter().all(|c| c["live"] == true)) {
+            if tokio::time::Instant::now() >= deadline {
+                break;
             }
-        })
-        .await;
+            tokio::time::sleep(POLL_REQUEST).await;
+            last = cell_status(&director).await;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let logs: Vec<String> = procs
+                .iter()
+                .map(|p| {
+                    let lines = p.lines();
+                    let tail = &lines[lines.len().saturating_sub(40)..];
+                    format!("--- {} ---\n{}", p.name, tail.join("\n"))
+                })
+                .collect();
+            panic!(
+                "{test}: cells not live within {CELLS_LIVE_WITHIN:?}; director's cell status: {last:?}\n{}",
+                logs.join("\n")
+            );
+        }
         Some(World {
             net,
             pg,
