@@ -6,7 +6,7 @@ mod support;
 use support::push as push_support;
 
 use orca_relay::store::testing::TestDb;
-use push_support::{Opts, Server};
+use push_support::Server;
 
 const METRICS: &str = "metrics-read-only-token-metrics-read-0001";
 const RULES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/prometheus/alerts.yml");
@@ -44,36 +44,20 @@ async fn alerts_name_only_exported_series() {
     assert!(names.len() >= 6, "{names:?}");
 
     let db = TestDb::sqlite().await;
-    let extra = [
-        (
-            "--assignment-signing-key",
-            "0123456789abcdef0123456789abcdef",
-        ),
-        ("--self-hosted-key", "self-hosted-key-self-hosted-key-0001"),
-        ("--cluster-key", "cluster-key-cluster-key-cluster-key-0001"),
-        ("--metrics-token", METRICS),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
-    let s = Server::start(
+    let s = Server::all_with(
         &db.url,
-        Opts {
-            role: Some("all".into()),
-            extra,
-            ..Opts::default()
-        },
+        &[
+            (
+                "--assignment-signing-key",
+                "0123456789abcdef0123456789abcdef",
+            ),
+            ("--self-hosted-key", "self-hosted-key-self-hosted-key-0001"),
+            ("--cluster-key", "cluster-key-cluster-key-cluster-key-0001"),
+            ("--metrics-token", METRICS),
+        ],
     )
     .await;
-    let metrics = reqwest::Client::new()
-        .get(format!("{}/metrics", s.base))
-        .bearer_auth(METRICS)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = s.metrics_text(METRICS).await;
     for n in &names {
         // Exported only with TLS on the listener; its presence is tested in `tls::server`.
         if n == "orca_relay_tls_certificate_expiry_timestamp_seconds"

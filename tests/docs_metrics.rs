@@ -6,29 +6,13 @@ mod support;
 use support::push as push_support;
 
 use orca_relay::store::testing::TestDb;
-use push_support::{Opts, Server, ADMIN};
+use push_support::{Server, ADMIN};
 
 /// `/metrics` of a fresh single-node process (all roles, SQLite).
 async fn fresh_metrics() -> String {
     let db = TestDb::sqlite().await;
-    let s = Server::start(
-        &db.url,
-        Opts {
-            role: Some("all".into()),
-            ..Opts::default()
-        },
-    )
-    .await;
-    let text = reqwest::Client::new()
-        .get(format!("{}/metrics", s.base))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text
+    let s = Server::all_with(&db.url, &[]).await;
+    s.metrics_text(ADMIN).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

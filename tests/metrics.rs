@@ -16,7 +16,7 @@ use std::time::Duration;
 use futures_util::{SinkExt, StreamExt};
 use orca_relay::cell::testkit::{self, recv_close, Hello, HostIdentity};
 use orca_relay::store::testing::TestDb;
-use push_support::{Opts, Server, ADMIN};
+use push_support::{Server, ADMIN};
 use serde_json::json;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -170,21 +170,13 @@ fn promtool(text: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_required_series_moves() {
     let db = TestDb::sqlite().await;
-    let extra = [
-        ("--assignment-signing-key", SIGNING),
-        ("--self-hosted-key", SELF_HOSTED),
-        ("--cluster-key", CLUSTER),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
-    let s = Server::start(
+    let s = Server::all_with(
         &db.url,
-        Opts {
-            role: Some("all".into()),
-            extra,
-            ..Opts::default()
-        },
+        &[
+            ("--assignment-signing-key", SIGNING),
+            ("--self-hosted-key", SELF_HOSTED),
+            ("--cluster-key", CLUSTER),
+        ],
     )
     .await;
     let addr = s.running().addr;

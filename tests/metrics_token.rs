@@ -7,7 +7,7 @@ use support::push as push_support;
 
 use orca_relay::config::{Config, ServeArgs};
 use orca_relay::store::testing::TestDb;
-use push_support::{Opts, Server, ADMIN};
+use push_support::{Server, ADMIN};
 use serde_json::json;
 
 const SIGNING: &str = "0123456789abcdef0123456789abcdef";
@@ -53,22 +53,14 @@ fn metrics_token_is_validated_like_the_admin_token() {
 
 async fn server() -> (TestDb, Server) {
     let db = TestDb::sqlite().await;
-    let extra = [
-        ("--assignment-signing-key", SIGNING),
-        ("--self-hosted-key", SELF_HOSTED),
-        ("--cluster-key", CLUSTER),
-        ("--metrics-token", METRICS),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
-    let s = Server::start(
+    let s = Server::all_with(
         &db.url,
-        Opts {
-            role: Some("all".into()),
-            extra,
-            ..Opts::default()
-        },
+        &[
+            ("--assignment-signing-key", SIGNING),
+            ("--self-hosted-key", SELF_HOSTED),
+            ("--cluster-key", CLUSTER),
+            ("--metrics-token", METRICS),
+        ],
     )
     .await;
     (db, s)
@@ -104,15 +96,7 @@ async fn reads_accept_it_actions_refuse_it() {
         let wrong = format!("{METRICS}x");
         assert_eq!(call(&s, m, path, &wrong, body).await, 401, "{m} {path}");
     }
-    let text = reqwest::Client::new()
-        .get(format!("{}/metrics", s.base))
-        .bearer_auth(METRICS)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = s.metrics_text(METRICS).await;
     assert!(text.contains("orca_relay_connections{leg=\"control\"}"));
 
     // Every action: the metrics token gets the same 401 as no token at all. Bodies are valid

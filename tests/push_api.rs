@@ -8,6 +8,7 @@ use std::time::Duration;
 use orca_relay::params;
 use reqwest::Method;
 use serde_json::json;
+use support::director::PgProxy;
 use support::push::*;
 
 async fn server(t: &orca_relay::store::testing::TestDb) -> Server {
@@ -882,45 +883,6 @@ async fn prune_sweeps() {
         s.stop().await;
     })
     .await;
-}
-
-/// A TCP proxy to Postgres that can be closed (dropping every connection) and reopened on the
-/// same port.
-struct PgProxy {
-    addr: std::net::SocketAddr,
-    stop: tokio_util::sync::CancellationToken,
-}
-
-impl PgProxy {
-    async fn open(addr: std::net::SocketAddr, upstream: &str) -> PgProxy {
-        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let stop = tokio_util::sync::CancellationToken::new();
-        let (s2, up) = (stop.clone(), upstream.to_string());
-        tokio::spawn(async move {
-            loop {
-                let (mut inbound, _) = tokio::select! {
-                    r = listener.accept() => match r { Ok(x) => x, Err(_) => continue },
-                    _ = s2.cancelled() => return,
-                };
-                let (s3, up) = (s2.clone(), up.clone());
-                tokio::spawn(async move {
-                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&up).await else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                        _ = s3.cancelled() => {}
-                    }
-                });
-            }
-        });
-        PgProxy { addr, stop }
-    }
-
-    fn close(&self) {
-        self.stop.cancel();
-    }
 }
 
 /// U-03: readiness follows the database (no grace), through a proxy that closes and reopens.

@@ -168,6 +168,33 @@ impl Server {
         }
     }
 
+    /// A `--role all` node with these extra `(flag, value)` pairs (keys, tokens).
+    pub async fn all_with(db_url: &str, flags: &[(&str, &str)]) -> Server {
+        let extra = flags
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let o = Opts {
+            role: Some("all".into()),
+            extra,
+            ..Opts::default()
+        };
+        Server::start(db_url, o).await
+    }
+
+    /// The `/metrics` text, read with `token`.
+    pub async fn metrics_text(&self, token: &str) -> String {
+        self.client
+            .get(format!("{}/metrics", self.base))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics body")
+    }
+
     pub fn running(&self) -> &Running {
         self.running.as_ref().unwrap()
     }
