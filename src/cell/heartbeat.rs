@@ -43,10 +43,26 @@ impl Cell {
 /// Beat interval.
 pub const INTERVAL: Duration = Duration::from_secs(15);
 
+/// The first retry after a failed beat; each further failure doubles it, up to [`INTERVAL`].
+pub const RETRY_FIRST: Duration = Duration::from_secs(1);
+
+/// How long after the start of the last beat the next one is due, given how many beats in a
+/// row have failed. A cell whose beat failed (a director restarting, a cut link) tries again
+/// soon instead of staying out of the director's view for a whole interval, and backs off so a
+/// dead director is not hammered.
+pub fn next_beat_after(failed_in_a_row: u32) -> Duration {
+    if failed_in_a_row == 0 {
+        return INTERVAL;
+    }
+    let doublings = (failed_in_a_row - 1).min(16);
+    RETRY_FIRST.saturating_mul(1 << doublings).min(INTERVAL)
+}
+
 /// Starts the heartbeat loop (docs/reference/http.md): the first beat is awaited here, so a process that
 /// also runs the director has its local cell live before it answers any request; then one beat
-/// every 15 s, single-flight (a slow beat delays the next tick, missed ticks are skipped), until
-/// the process shutdown. `body` builds each beat's body when it is due.
+/// every 15 s counted from the start of the last one (a beat slower than that is followed at
+/// once), sooner after a failure ([`next_beat_after`]), until the process shutdown. `body`
+/// builds each beat's body when it is due.
 pub async fn start<F, Fut>(
     ctx: &Ctx,
     sink: Arc<dyn HeartbeatSink>,
@@ -74,21 +90,40 @@ where
             let outcome = sink.beat(&body).await;
             let label = if outcome.is_ok() { "ok" } else { "failed" };
             sent.with_label_values(&[label]).inc();
-            if let Err(reason) = outcome {
+            if let Err(reason) = &outcome {
                 log::warn!("[orca-relay] cell heartbeat failed {reason}");
             }
+            outcome.is_ok()
         }
     };
-    beat().await;
+    let mut started = tokio::time::Instant::now();
+    let mut failed = u32::from(!beat().await);
     ctx.spawn("cell-heartbeat", async move {
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + INTERVAL, INTERVAL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
+            let due = started + next_beat_after(failed);
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = tick.tick() => {}
+                _ = tokio::time::sleep_until(due) => {}
             }
-            beat().await;
+            started = tokio::time::Instant::now();
+            failed = if beat().await {
+                0
+            } else {
+                failed.saturating_add(1)
+            };
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_beat_is_retried_sooner_with_backoff_up_to_the_interval() {
+        assert_eq!(next_beat_after(0), INTERVAL);
+        let secs: Vec<u64> = (1..=6).map(|n| next_beat_after(n).as_secs()).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 15, 15]);
+        assert_eq!(next_beat_after(u32::MAX), INTERVAL);
+    }
 }

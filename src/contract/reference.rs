@@ -841,7 +841,7 @@ pub fn limits_table() -> Vec<(&'static str, Vec<Limit>)> {
                 l!(DRAIN_GRACE_MAX_MS, ms, "Largest `graceMs` of a drain."),
                 l!(DRAIN_PACE_MAX_MS, ms, "Largest `paceWindowMs` of a drain."),
                 l!(SHUTDOWN_EXIT_MS, ms, "After SIGTERM the process exits within this time."),
-                l!(HEARTBEAT_INTERVAL_MS, ms, "A cell heartbeats its director this often."),
+                l!(HEARTBEAT_INTERVAL_MS, ms, "A cell heartbeats its director this often; after a failed beat it tries again after 1 s, doubling up to this interval."),
                 l!(HEARTBEAT_TIMEOUT_MS, ms, "Timeout of one heartbeat call."),
                 l!(HEARTBEAT_TTL_MS, ms_i, "A cell without a heartbeat for this long is no longer live."),
                 l!(DIRECTOR_SAFETY_MAX_AGE_MS, ms_i, "Oldest safety report the director plans with."),
