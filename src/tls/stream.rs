@@ -299,9 +299,13 @@ impl TlsIo {
                 return Poll::Pending;
             }
             if self.incoming.capacity() - self.incoming.len() < READ_CHUNK / 4 {
+                // Move the partial record to the front first; grow only if that is not room
+                // enough (growing would copy it anyway).
                 self.incoming.drain(..self.in_at);
                 self.in_at = 0;
-                self.incoming.reserve(READ_CHUNK);
+                if self.incoming.capacity() - self.incoming.len() < READ_CHUNK / 4 {
+                    self.incoming.reserve(READ_CHUNK);
+                }
             }
             match self.tcp.try_read_buf(&mut self.incoming) {
                 Ok(n) => return Poll::Ready(Ok(n)),
