@@ -16,8 +16,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use rustls::server::UnbufferedServerConnection;
-use rustls::unbuffered::{ConnectionState, EncodeError, EncryptError, UnbufferedStatus};
+use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
+use rustls::unbuffered::{
+    ConnectionState, EncodeError, EncryptError, UnbufferedStatus, WriteTraffic,
+};
 use rustls::ServerConfig;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -119,6 +121,33 @@ fn deliver(payload: &[u8], plain: &mut Vec<u8>, sink: Option<&mut ReadBuf<'_>>) 
         rest = &rest[n..];
     }
     plain.extend_from_slice(rest);
+}
+
+/// Performs `act` once application data may flow, encrypting into `out` (the buffer and the end of
+/// what it holds).
+fn write_traffic(
+    w: &mut WriteTraffic<'_, ServerConnectionData>,
+    act: Act<'_>,
+    (out, end): (&mut Vec<u8>, &mut usize),
+    close_sent: &mut bool,
+) -> Result<Driven, rustls::Error> {
+    Ok(match act {
+        Act::Nothing => Driven::Open(0),
+        Act::Write(data) => {
+            let guess = data.len() + RECORD_OVERHEAD * (1 + data.len() / 16_384);
+            append(out, end, guess, |b| w.encrypt(data, b), encrypt_required)
+                .map_err(encrypt_err)?;
+            Driven::Open(data.len())
+        }
+        Act::Close => {
+            if !*close_sent {
+                let close = |b: &mut [u8]| w.queue_close_notify(b);
+                append(out, end, 64, close, encrypt_required).map_err(encrypt_err)?;
+                *close_sent = true;
+            }
+            Driven::Open(0)
+        }
+    })
 }
 
 fn encode_required(e: &EncodeError) -> Option<usize> {
@@ -240,36 +269,12 @@ impl TlsIo {
                 }
                 ConnectionState::Closed => Some(Driven::Closed),
                 ConnectionState::BlockedHandshake => Some(Driven::NeedInput),
-                ConnectionState::WriteTraffic(mut w) => Some(match act {
-                    Act::Nothing => Driven::Open(0),
-                    Act::Write(data) => {
-                        let guess = data.len() + RECORD_OVERHEAD * (1 + data.len() / 16_384);
-                        append(
-                            &mut self.out,
-                            &mut self.out_end,
-                            guess,
-                            |b| w.encrypt(data, b),
-                            encrypt_required,
-                        )
-                        .map_err(encrypt_err)?;
-                        Driven::Open(data.len())
-                    }
-                    Act::Close => {
-                        if !self.close_sent {
-                            let close = |b: &mut [u8]| w.queue_close_notify(b);
-                            append(
-                                &mut self.out,
-                                &mut self.out_end,
-                                64,
-                                close,
-                                encrypt_required,
-                            )
-                            .map_err(encrypt_err)?;
-                            self.close_sent = true;
-                        }
-                        Driven::Open(0)
-                    }
-                }),
+                ConnectionState::WriteTraffic(mut w) => Some(write_traffic(
+                    &mut w,
+                    act,
+                    (&mut self.out, &mut self.out_end),
+                    &mut self.close_sent,
+                )?),
                 _ => return Err(rustls::Error::General("tls: unexpected state".into())),
             };
             self.in_at += discard;
