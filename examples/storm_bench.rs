@@ -830,6 +830,7 @@ async fn storm(a: &Args, relay: &mut Relay, pid: u32) -> bool {
         }
     }
     println!("refusals without Retry-After: {without} (+ {without_429} upgrade 429s, which carry none by contract)");
+    relay_counters(&relay.public).await;
     let goal = Duration::from_millis(a.goal_ms);
     let ok = c <= goal && p <= goal && without == 0;
     println!(
@@ -838,4 +839,29 @@ async fn storm(a: &Args, relay: &mut Relay, pid: u32) -> bool {
         if ok { "met" } else { "MISSED" }
     );
     ok
+}
+
+/// The relay's own counts of the storm: connections over its HTTP connection cap (answered 503,
+/// or closed before the answer) and sticky assigns by path (batched or one by one).
+async fn relay_counters(public: &str) {
+    let got = testkit::http_client()
+        .get(format!("{public}/metrics"))
+        .bearer_auth(ADMIN)
+        .timeout(WAIT)
+        .send()
+        .await;
+    let text = match got {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(e) => {
+            println!("relay counters: /metrics failed: {e}");
+            return;
+        }
+    };
+    println!("relay counters (since the restart):");
+    for l in text.lines().filter(|l| {
+        l.starts_with("orca_relay_http_connections_refused_total")
+            || l.starts_with("orca_relay_sticky_batch_hosts_total")
+    }) {
+        println!("  {l}");
+    }
 }

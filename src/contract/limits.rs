@@ -17,6 +17,9 @@ pub const HTTP_CONNECTIONS_MAX: usize = 1024;
 pub const BUSY_ANSWERS_MAX: usize = 64;
 /// Time allowed for one such answer, TLS handshake included.
 pub const BUSY_ANSWER_MS: u64 = 2_000;
+/// Most queued sticky requests one slot of the sticky lane grants together, in one transaction
+/// (counted by path in `orca_relay_sticky_batch_hosts_total`).
+pub const STICKY_BATCH_MAX: usize = 128;
 /// TLS handshakes run at once on one listener (the accept limiter); a connection past it waits
 /// for a slot, holding no TLS state, at most [`TLS_HANDSHAKE_WAIT_MS`], then it is closed and
 /// counted (`orca_relay_tls_handshake_failures_total{reason="busy"}`). Waiting connections count
