@@ -851,7 +851,11 @@ async fn relay_counters(public: &str) {
         .send()
         .await;
     let text = match got {
-        Ok(r) => r.text().await.unwrap_or_default(),
+        Ok(r) if r.status().is_success() => r.text().await.unwrap_or_default(),
+        Ok(r) => {
+            println!("relay counters: /metrics answered {}", r.status());
+            return;
+        }
         Err(e) => {
             println!("relay counters: /metrics failed: {e}");
             return;
