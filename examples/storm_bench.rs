@@ -698,14 +698,15 @@ fn relay_envs(a: &Args, port: u16, public: &str, db_url: &str) -> Vec<(String, S
         ("ORCA_RELAY_TRUSTED_PROXY_HOPS", "1".to_owned()),
         ("ORCA_RELAY_CELL_MAX_CONNECTIONS", "100000".to_owned()),
         ("ORCA_RELAY_CELL_CAPACITY", "1000000".to_owned()),
+        // Reads /metrics for the relay's own counts of the storm.
+        ("ORCA_RELAY_ADMIN_TOKEN", ADMIN.to_owned()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
     if db_url.starts_with("postgres") {
-        // The director role on Postgres (a cluster-capable store) needs these two.
+        // The director role on Postgres (a cluster-capable store) needs a cluster key.
         envs.push(("ORCA_RELAY_CLUSTER_KEY".into(), CLUSTER.into()));
-        envs.push(("ORCA_RELAY_ADMIN_TOKEN".into(), ADMIN.into()));
     }
     for kv in &a.relay_env {
         let (k, v) = kv.split_once('=').expect("--relay-env KEY=VALUE");
