@@ -698,14 +698,15 @@ fn relay_envs(a: &Args, port: u16, public: &str, db_url: &str) -> Vec<(String, S
         ("ORCA_RELAY_TRUSTED_PROXY_HOPS", "1".to_owned()),
         ("ORCA_RELAY_CELL_MAX_CONNECTIONS", "100000".to_owned()),
         ("ORCA_RELAY_CELL_CAPACITY", "1000000".to_owned()),
+        // Reads /metrics for the relay's own counts of the storm.
+        ("ORCA_RELAY_ADMIN_TOKEN", ADMIN.to_owned()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
     if db_url.starts_with("postgres") {
-        // The director role on Postgres (a cluster-capable store) needs these two.
+        // The director role on Postgres (a cluster-capable store) needs a cluster key.
         envs.push(("ORCA_RELAY_CLUSTER_KEY".into(), CLUSTER.into()));
-        envs.push(("ORCA_RELAY_ADMIN_TOKEN".into(), ADMIN.into()));
     }
     for kv in &a.relay_env {
         let (k, v) = kv.split_once('=').expect("--relay-env KEY=VALUE");
@@ -830,6 +831,7 @@ async fn storm(a: &Args, relay: &mut Relay, pid: u32) -> bool {
         }
     }
     println!("refusals without Retry-After: {without} (+ {without_429} upgrade 429s, which carry none by contract)");
+    relay_counters(&relay.public).await;
     let goal = Duration::from_millis(a.goal_ms);
     let ok = c <= goal && p <= goal && without == 0;
     println!(
@@ -838,4 +840,33 @@ async fn storm(a: &Args, relay: &mut Relay, pid: u32) -> bool {
         if ok { "met" } else { "MISSED" }
     );
     ok
+}
+
+/// The relay's own counts of the storm: connections over its HTTP connection cap (answered 503,
+/// or closed before the answer) and sticky assigns by path (batched or one by one).
+async fn relay_counters(public: &str) {
+    let got = testkit::http_client()
+        .get(format!("{public}/metrics"))
+        .bearer_auth(ADMIN)
+        .timeout(WAIT)
+        .send()
+        .await;
+    let text = match got {
+        Ok(r) if r.status().is_success() => r.text().await.unwrap_or_default(),
+        Ok(r) => {
+            println!("relay counters: /metrics answered {}", r.status());
+            return;
+        }
+        Err(e) => {
+            println!("relay counters: /metrics failed: {e}");
+            return;
+        }
+    };
+    println!("relay counters (since the restart):");
+    for l in text.lines().filter(|l| {
+        l.starts_with("orca_relay_http_connections_refused_total")
+            || l.starts_with("orca_relay_sticky_batch_hosts_total")
+    }) {
+        println!("  {l}");
+    }
 }

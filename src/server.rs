@@ -399,11 +399,19 @@ async fn accept_loop(
     ));
     let busy = busy::Busy::new(&ctx.metrics, tls.clone());
     loop {
+        // Bounded HTTP connections: accept only holding a serving slot or, over the bound, an
+        // answering permit (503 + Retry-After); with neither, new connections wait in the
+        // kernel's backlog rather than being accepted and closed unanswered.
+        let Some(ticket) = busy::admit(&slots, busy.permits()).await else {
+            return;
+        };
         let (stream, peer) = accept_with_backoff(|| listener.accept(), "listener").await;
-        // Bounded HTTP connections: over the bound the connection is answered 503 or closed.
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            busy.refuse(stream, &http);
-            continue;
+        let slot = match busy::upgrade(ticket, &slots) {
+            busy::Ticket::Serve(slot) => slot,
+            busy::Ticket::Answer(permit) => {
+                busy.refuse(stream, permit, &http);
+                continue;
+            }
         };
         let _ = stream.set_nodelay(true);
         let conn = Conn {

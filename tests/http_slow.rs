@@ -1,8 +1,8 @@
 //! Slow and piled-up HTTP clients (issue 11): a request body must arrive within
 //! `limits::BODY_READ_MS` (10 s) or the request is answered 400 and the connection closed; plain
 //! HTTP connections are bounded (`limits::HTTP_CONNECTIONS_MAX`), over the bound a connection is
-//! answered `503 server_busy` with `Retry-After`, past the answering bound closed at once, both
-//! counted; and a legitimate host and phone still pair meanwhile.
+//! answered `503 server_busy` with `Retry-After` (past the answering bound it waits in the listen
+//! backlog until it can be answered, never closed unanswered), counted; and a legitimate host and phone still pair meanwhile.
 
 mod support;
 
@@ -113,9 +113,33 @@ fn enough_fds(need: u64) -> bool {
     }
 }
 
+/// One `GET /health` on a new connection: what came back before the server closed (or `timeout`).
+async fn ask(addr: SocketAddr, timeout: Duration) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let _ = s
+        .write_all(
+            format!("GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await;
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(timeout, s.read_to_end(&mut got)).await;
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// A complete `503 server_busy` with `Retry-After: 1`.
+fn assert_busy(got: &str) {
+    assert!(got.starts_with("HTTP/1.1 503"), "over the bound: {got:?}");
+    let (head, body) = got.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.to_ascii_lowercase().contains("\r\nretry-after: 1\r\n"),
+        "{head}"
+    );
+    assert_eq!(body, r#"{"error":"server_busy"}"#);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_connections_are_bounded() {
-    let need = (HTTP_CONNECTIONS_MAX as u64) * 2 + 200;
+    let need = ((HTTP_CONNECTIONS_MAX + BUSY_ANSWERS_MAX) as u64 + 200) * 2 + 200;
     if !enough_fds(need) {
         assert!(
             std::env::var("CI").as_deref() != Ok("true"),
@@ -132,18 +156,7 @@ async fn http_connections_are_bounded() {
         idle.push(TcpStream::connect(addr).await.unwrap());
     }
     // Once the server has accepted them all, one more is answered 503 server_busy at once.
-    let health = || async {
-        let mut s = TcpStream::connect(addr).await.unwrap();
-        let _ = s
-            .write_all(
-                format!("GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
-                    .as_bytes(),
-            )
-            .await;
-        let mut got = Vec::new();
-        let _ = tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut got)).await;
-        String::from_utf8_lossy(&got).into_owned()
-    };
+    let health = || ask(addr, Duration::from_secs(3));
     let deadline = Instant::now() + SEC * 5;
     let busy = loop {
         let got = health().await;
@@ -151,22 +164,31 @@ async fn http_connections_are_bounded() {
             break got;
         }
     };
-    assert!(busy.starts_with("HTTP/1.1 503"), "over the bound: {busy:?}");
-    let (head, body) = busy.split_once("\r\n\r\n").unwrap();
-    assert!(
-        head.to_ascii_lowercase().contains("\r\nretry-after: 1\r\n"),
-        "{head}"
-    );
-    assert_eq!(body, r#"{"error":"server_busy"}"#);
+    assert_busy(&busy);
     // The accept loop takes connections in order, so the 503 above means all the idle ones hold
-    // a slot. Silent connections now hold every answering slot (each waits for a request head
-    // up to BUSY_ANSWER_MS), and the next connection is closed with no answer at all.
+    // a slot. Silent connections now take every answering permit (each waits for a request head
+    // up to BUSY_ANSWER_MS); the next connection is not accepted and closed but waits in the
+    // kernel's backlog, and is answered once a permit frees.
     let mut silent = Vec::new();
     for _ in 0..BUSY_ANSWERS_MAX {
         silent.push(TcpStream::connect(addr).await.unwrap());
     }
-    assert_eq!(health().await, "", "answered past the answering bound");
+    let mut waiting = tokio::spawn(ask(addr, Duration::from_secs(20)));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut waiting)
+            .await
+            .is_err(),
+        "answered (or closed) while every slot and answering permit was taken"
+    );
     drop(silent);
+    assert_busy(&waiting.await.unwrap());
+    // A burst over the cap: every connection is answered 503 + Retry-After, none closed silently.
+    let burst: Vec<_> = (0..200)
+        .map(|_| tokio::spawn(ask(addr, Duration::from_secs(20))))
+        .collect();
+    for b in burst {
+        assert_busy(&b.await.unwrap());
+    }
     drop(idle);
     let served = eventually_async(SEC * 10, || async {
         health().await.starts_with("HTTP/1.1 200")
@@ -191,6 +213,10 @@ async fn http_connections_are_bounded() {
         line[series.len()..].parse().unwrap()
     };
     assert!(count("answered") >= 1, "answered not counted");
-    assert!(count("closed") >= 1, "closed not counted");
+    assert!(count("answered") >= 202, "answers not counted");
+    assert!(
+        count("closed") >= 1,
+        "silent clients gone before their answer not counted"
+    );
     s.running.shutdown().await;
 }

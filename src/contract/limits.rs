@@ -9,11 +9,17 @@ pub const BODY_READ_MS: u64 = 10_000;
 /// cell's connection limits (`ORCA_RELAY_CELL_MAX_CONNECTIONS` or the hard cap), so the open-file
 /// limit should exceed that ceiling plus this bound plus the database pool.
 pub const HTTP_CONNECTIONS_MAX: usize = 1024;
-/// Connections over [`HTTP_CONNECTIONS_MAX`] being answered `503 server_busy` at once; past it a
-/// new one is closed without an answer. Both counted (`orca_relay_http_connections_refused_total`).
+/// Connections over [`HTTP_CONNECTIONS_MAX`] being answered `503 server_busy` at once. With every
+/// serving slot and every answering permit taken the accept loop stops accepting (new connections
+/// wait in the kernel's listen backlog) until one frees, so none is accepted and closed without
+/// an answer. Counted in `orca_relay_http_connections_refused_total` (`answered`, or `closed` when
+/// the client left or sent no request head within [`BUSY_ANSWER_MS`]).
 pub const BUSY_ANSWERS_MAX: usize = 64;
 /// Time allowed for one such answer, TLS handshake included.
 pub const BUSY_ANSWER_MS: u64 = 2_000;
+/// Most queued sticky requests one slot of the sticky lane grants together, in one transaction
+/// (counted by path in `orca_relay_sticky_batch_hosts_total`).
+pub const STICKY_BATCH_MAX: usize = 128;
 /// TLS handshakes run at once on one listener (the accept limiter); a connection past it waits
 /// for a slot, holding no TLS state, at most [`TLS_HANDSHAKE_WAIT_MS`], then it is closed and
 /// counted (`orca_relay_tls_handshake_failures_total{reason="busy"}`). Waiting connections count

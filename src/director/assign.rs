@@ -18,7 +18,9 @@ use crate::store::assignments::{
 };
 use crate::store::cells::{self, Reader, Which};
 use crate::store::migrations::abort_migration;
+use crate::store::sticky_batch::{lock_sticky_many, stamp_grants, Stamp};
 use crate::store::{Db, DbError, RetryClass, Tx};
+use std::collections::HashMap;
 
 /// Wait for cell rows in request paths.
 pub const CELL_WAIT_MS: u64 = 500;
@@ -129,6 +131,98 @@ pub async fn assign_sticky(
         true,
     )
     .await
+}
+
+/// One request of a sticky batch: the host and its `preferredRegion`.
+#[derive(Debug, Clone)]
+pub struct StickyAsk {
+    pub host: HostKey,
+    pub preferred_region: Option<String>,
+}
+
+/// The sticky lane's batched grant: one transaction locks every asking host's rows
+/// ([`lock_sticky_many`]) and grants, in one write, each host the single grant's first attempt
+/// would grant at the same epoch ([`batch_grants`]). Every other host (row busy or absent, home
+/// roll-isolated, not live, or needing a charge, a move or a refusal) then goes through
+/// [`assign_sticky`] on its own, as does every host when the batch's transaction fails; so each
+/// result is the one the single path gives. Results in the order of `asks`, and how many the
+/// batch's transaction granted.
+pub async fn assign_sticky_batch(
+    db: &Db,
+    asks: &[StickyAsk],
+    regions: &[String],
+) -> (Vec<Result<Grant, AssignError>>, usize) {
+    let granted = match batch_tx(db, asks).await {
+        Ok(g) => g,
+        Err(e) => {
+            log::debug!(
+                "[orca-relay] sticky batch of {} failed, granting one by one: {e}",
+                asks.len()
+            );
+            HashMap::new()
+        }
+    };
+    let mut out = Vec::with_capacity(asks.len());
+    for ask in asks {
+        out.push(match granted.get(&ask.host) {
+            Some(g) => Ok(g.clone()),
+            None => assign_sticky(db, &ask.host, ask.preferred_region.as_deref(), regions).await,
+        });
+    }
+    (out, granted.len())
+}
+
+/// Whether the batch grants a host itself: A.5, the home granted at the same epoch with nothing
+/// but the row's stamp written (the host holds a control on its live, not roll-isolated home).
+pub fn batch_grants(hv: &HostView, home: Option<&CellView>, now: i64) -> bool {
+    matches!(
+        decide_sticky(hv, home, now),
+        Some(Decision::Grant { deferred: false })
+    )
+}
+
+/// The batch's one transaction: the many-host sticky read, then one stamp for every host
+/// [`batch_grants`] grants; returns those hosts' grants.
+async fn batch_tx(db: &Db, asks: &[StickyAsk]) -> Result<HashMap<HostKey, Grant>, DbError> {
+    let hosts: Vec<HostKey> = asks.iter().map(|a| a.host.clone()).collect();
+    let now = crate::clock::now_ms();
+    crate::transaction!(db, "assignment", |tx| {
+        let reads = lock_sticky_many(tx, &hosts).await?;
+        let grants: Vec<(&StickyAsk, &HostView, &CellView)> = asks
+            .iter()
+            .filter_map(|a| {
+                let (hv, home) = reads.get(&a.host)?;
+                let home = home.as_ref()?;
+                batch_grants(hv, Some(home), now).then_some((a, hv, home))
+            })
+            .collect();
+        if grants.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let stamps: Vec<Stamp<'_>> = grants
+            .iter()
+            .map(|(a, hv, _)| Stamp {
+                host: &a.host,
+                hv,
+                preferred_region: a.preferred_region.as_deref(),
+            })
+            .collect();
+        let leases = stamp_grants(tx, &stamps, now).await?;
+        Ok(grants
+            .iter()
+            .map(|(a, hv, home)| {
+                let grant = Grant {
+                    cell_id: home.cell_id.clone(),
+                    cell_url: home.cell_url.clone(),
+                    region: home.region.clone(),
+                    assignment_epoch: hv.row.assignment_epoch,
+                    lease_expires_at: leases.get(&a.host).copied().unwrap_or(now + LEASE_TTL_MS),
+                    moved: None,
+                };
+                (a.host.clone(), grant)
+            })
+            .collect())
+    })
 }
 
 /// The sticky lane's verification as a plain read: the host has a row whose home is not

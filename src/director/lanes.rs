@@ -1,12 +1,19 @@
 //! Admission lanes (docs/reference/http.md): bounded FIFO queues in front of the database with a
 //! per-host in-flight and minimum-interval rule. Per process; nothing here touches the database.
+//!
+//! A lane is entered one request per slot ([`Lane::enter`]) or batched ([`Lane::run_batched`]):
+//! there the holder of a slot takes every queued job, up to a bound, and runs them together, so
+//! a lane of concurrency 1 can start many queued requests per unit of time while its queue,
+//! wait and `Retry-After` keep their meaning.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::config::LaneConfig;
 use crate::store::assignments::HostKey;
@@ -51,16 +58,16 @@ pub struct Lane {
     hosts: Mutex<HashMap<HostKey, HostSlot>>,
 }
 
-/// A held lane slot. Dropping it frees the slot and the host's in-flight mark.
-pub struct LanePermit {
+/// A host's in-flight mark in a lane with per-host rules (none on other lanes). Dropping it
+/// clears the mark.
+struct HostMark {
     lane: Arc<Lane>,
     host: Option<HostKey>,
-    _permit: OwnedSemaphorePermit,
 }
 
-impl LanePermit {
+impl HostMark {
     /// Records that work started (the per-host interval counts from here).
-    pub fn started(&self) {
+    fn started(&self) {
         if let Some(h) = &self.host {
             let mut hosts = crate::sync::lock(&self.lane.hosts);
             if let Some(s) = hosts.get_mut(h) {
@@ -70,7 +77,7 @@ impl LanePermit {
     }
 }
 
-impl Drop for LanePermit {
+impl Drop for HostMark {
     fn drop(&mut self) {
         if let Some(h) = &self.host {
             let mut hosts = crate::sync::lock(&self.lane.hosts);
@@ -81,22 +88,116 @@ impl Drop for LanePermit {
     }
 }
 
-/// Clears a host's in-flight mark if the request gives up before getting a slot.
-struct BusyGuard<'a> {
-    lane: &'a Lane,
-    host: Option<&'a HostKey>,
-    armed: bool,
+/// A held lane slot. Dropping it frees the slot and the host's in-flight mark.
+pub struct LanePermit {
+    mark: HostMark,
+    _permit: OwnedSemaphorePermit,
 }
 
-impl Drop for BusyGuard<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            if let Some(h) = self.host {
-                if let Some(s) = crate::sync::lock(&self.lane.hosts).get_mut(h) {
-                    s.busy = false;
-                }
-            }
+impl LanePermit {
+    /// Records that work started (the per-host interval counts from here).
+    pub fn started(&self) {
+        self.mark.started();
+    }
+}
+
+/// Runs one batch of jobs; answers one result per job, in the jobs' order.
+type RunBatch<J, R> =
+    Arc<dyn Fn(Vec<J>) -> Pin<Box<dyn Future<Output = Vec<R>> + Send>> + Send + Sync>;
+
+/// The queue of a batched lane ([`Lane::run_batched`]) and the work a batch runs.
+pub struct Batcher<J, R> {
+    queue: Mutex<VecDeque<Queued<J, R>>>,
+    next_id: AtomicU64,
+    /// Most jobs one batch takes.
+    max: usize,
+    run: RunBatch<J, R>,
+}
+
+/// A job waiting for a batch, with its host's mark and where its result goes.
+struct Queued<J, R> {
+    id: u64,
+    job: J,
+    mark: HostMark,
+    reply: oneshot::Sender<R>,
+}
+
+impl<J: Send + 'static, R: Send + 'static> Batcher<J, R> {
+    /// `work` answers one result per job of a batch, in the jobs' order; at most `max` jobs.
+    pub fn new<F, Fut>(max: usize, work: F) -> Arc<Batcher<J, R>>
+    where
+        F: Fn(Vec<J>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Vec<R>> + Send + 'static,
+    {
+        let run: RunBatch<J, R> = Arc::new(
+            move |jobs| -> Pin<Box<dyn Future<Output = Vec<R>> + Send>> { Box::pin(work(jobs)) },
+        );
+        Arc::new(Batcher {
+            queue: Mutex::new(VecDeque::new()),
+            next_id: AtomicU64::new(0),
+            max: max.max(1),
+            run,
+        })
+    }
+
+    fn queued(&self, id: u64) -> bool {
+        crate::sync::lock(&self.queue).iter().any(|q| q.id == id)
+    }
+
+    /// Takes job `id` out of the queue; false when a batch has taken it (it has started).
+    fn remove(&self, id: u64) -> bool {
+        let removed = {
+            let mut q = crate::sync::lock(&self.queue);
+            q.iter().position(|q| q.id == id).and_then(|i| q.remove(i))
+        };
+        removed.is_some()
+    }
+
+    /// Starts a batch in the slot `permit`: the queue's first jobs, up to the bound, run in
+    /// their own task (so they complete even if their callers leave), the slot held until done.
+    fn start(&self, permit: OwnedSemaphorePermit) {
+        let taken: Vec<Queued<J, R>> = {
+            let mut q = crate::sync::lock(&self.queue);
+            let n = q.len().min(self.max);
+            q.drain(..n).collect()
+        };
+        if taken.is_empty() {
+            return;
         }
+        let run = self.run.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let mut jobs = Vec::with_capacity(taken.len());
+            let mut replies = Vec::with_capacity(taken.len());
+            for q in taken {
+                q.mark.started();
+                jobs.push(q.job);
+                replies.push((q.reply, q.mark));
+            }
+            let results = run(jobs).await;
+            for ((reply, mark), r) in replies.into_iter().zip(results) {
+                let _ = reply.send(r);
+                drop(mark);
+            }
+        });
+    }
+}
+
+/// Takes a queued job back out of its batcher's queue if its caller leaves before it started.
+struct Waiting<'a, J, R> {
+    batcher: &'a Batcher<J, R>,
+    id: u64,
+}
+
+impl<J, R> Drop for Waiting<'_, J, R> {
+    fn drop(&mut self) {
+        let gone = {
+            let mut q = crate::sync::lock(&self.batcher.queue);
+            q.iter()
+                .position(|q| q.id == self.id)
+                .and_then(|i| q.remove(i))
+        };
+        drop(gone);
     }
 }
 
@@ -127,8 +228,9 @@ impl Lane {
         self.interval_ms.load(Ordering::Relaxed) > 0
     }
 
-    /// Waits (bounded) for a slot.
-    pub async fn enter(self: &Arc<Self>, host: &HostKey) -> Result<LanePermit, LaneReject> {
+    /// The per-host rules: refuses a host in flight or started less than the interval ago, else
+    /// marks it in flight until the returned mark is dropped.
+    fn claim(self: &Arc<Self>, host: &HostKey) -> Result<HostMark, LaneReject> {
         let per_host = self.per_host();
         if per_host {
             let interval = Duration::from_millis(self.interval_ms.load(Ordering::Relaxed));
@@ -145,11 +247,15 @@ impl Lane {
             }
             slot.busy = true;
         }
-        let mut guard = BusyGuard {
-            lane: self,
-            host: per_host.then_some(host),
-            armed: true,
-        };
+        Ok(HostMark {
+            lane: self.clone(),
+            host: per_host.then(|| host.clone()),
+        })
+    }
+
+    /// Waits (bounded) for a slot.
+    pub async fn enter(self: &Arc<Self>, host: &HostKey) -> Result<LanePermit, LaneReject> {
+        let mark = self.claim(host)?;
         let permit = match self.sem.clone().try_acquire_owned() {
             Ok(p) if self.queued.load(Ordering::SeqCst) == 0 => p,
             other => {
@@ -170,12 +276,64 @@ impl Lane {
                 }
             }
         };
-        guard.armed = false;
         Ok(LanePermit {
-            lane: self.clone(),
-            host: per_host.then(|| host.clone()),
+            mark,
             _permit: permit,
         })
+    }
+
+    /// The batched entry: [`Lane::enter`]'s per-host rules, queue bound (`queue-full`) and wait
+    /// (`wait-timeout`: not started within it), but whoever gets a slot starts a batch of the
+    /// queue's first jobs (this caller's or not), and each caller waits for its own result. A
+    /// job taken into a batch has started: it runs to completion, even if its caller leaves.
+    pub async fn run_batched<J: Send + 'static, R: Send + 'static>(
+        self: &Arc<Self>,
+        host: &HostKey,
+        job: J,
+        batcher: &Arc<Batcher<J, R>>,
+    ) -> Result<R, LaneReject> {
+        let mark = self.claim(host)?;
+        let (reply, mut rx) = oneshot::channel();
+        let id = batcher.next_id.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut q = crate::sync::lock(&batcher.queue);
+            let free = q.is_empty() && self.sem.available_permits() > 0;
+            if !free && q.len() >= self.cfg.queue_max {
+                drop(q);
+                return Err(LaneReject::QueueFull);
+            }
+            q.push_back(Queued {
+                id,
+                job,
+                mark,
+                reply,
+            });
+        }
+        let _waiting = Waiting {
+            batcher: batcher.as_ref(),
+            id,
+        };
+        if let Ok(p) = self.sem.clone().try_acquire_owned() {
+            batcher.start(p);
+        }
+        let deadline = tokio::time::sleep(Duration::from_millis(self.cfg.wait_ms));
+        tokio::pin!(deadline);
+        while batcher.queued(id) {
+            tokio::select! {
+                biased;
+                r = &mut rx => return r.map_err(|_| LaneReject::WaitTimeout),
+                p = self.sem.clone().acquire_owned() => match p {
+                    Ok(p) => batcher.start(p),
+                    Err(_) => return Err(LaneReject::WaitTimeout),
+                },
+                _ = &mut deadline => {
+                    if batcher.remove(id) {
+                        return Err(LaneReject::WaitTimeout);
+                    }
+                }
+            }
+        }
+        rx.await.map_err(|_| LaneReject::WaitTimeout)
     }
 }
 
@@ -246,6 +404,80 @@ mod tests {
         drop(p);
         let p = lane.enter(&host(1)).await.unwrap();
         p.started();
+    }
+
+    /// A batcher whose batches wait at `gate` (closed until the test adds a permit), record
+    /// their sizes and answer each job doubled.
+    fn doubling(gate: Arc<Semaphore>, sizes: Arc<Mutex<Vec<usize>>>) -> Arc<Batcher<u32, u32>> {
+        Batcher::new(8, move |jobs: Vec<u32>| {
+            let (gate, sizes) = (gate.clone(), sizes.clone());
+            async move {
+                crate::sync::lock(&sizes).push(jobs.len());
+                let _open = gate.acquire().await;
+                jobs.into_iter().map(|j| j * 2).collect()
+            }
+        })
+    }
+
+    async fn until_queued(b: &Batcher<u32, u32>, n: usize) {
+        while crate::sync::lock(&b.queue).len() < n {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn the_slot_holder_runs_every_queued_job_in_one_batch() {
+        let lane = Lane::new("sticky", cfg(1, 8, 5_000), true);
+        let gate = Arc::new(Semaphore::new(0));
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let b = doubling(gate.clone(), sizes.clone());
+        let call = |n: u32| {
+            let (lane, b) = (lane.clone(), b.clone());
+            tokio::spawn(async move { lane.run_batched(&host(n), n, &b).await })
+        };
+        let first = call(1);
+        while crate::sync::lock(&sizes).is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let rest: Vec<_> = (2..=5).map(call).collect();
+        until_queued(&b, 4).await;
+        // The same host again while in flight: refused by the per-host rule.
+        assert_eq!(
+            lane.run_batched(&host(3), 0, &b).await.err(),
+            Some(LaneReject::HostInFlight)
+        );
+        gate.add_permits(1);
+        assert_eq!(first.await.unwrap(), Ok(2));
+        for (n, r) in (2..=5).zip(rest) {
+            assert_eq!(r.await.unwrap(), Ok(n * 2));
+        }
+        assert_eq!(*crate::sync::lock(&sizes), vec![1, 4]);
+    }
+
+    #[tokio::test]
+    async fn a_batched_lane_keeps_its_queue_bound_and_wait() {
+        let lane = Lane::new("sticky", cfg(1, 1, 50), true);
+        let gate = Arc::new(Semaphore::new(0));
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let b = doubling(gate.clone(), sizes.clone());
+        let (l1, b1) = (lane.clone(), b.clone());
+        let running = tokio::spawn(async move { l1.run_batched(&host(1), 1, &b1).await });
+        while crate::sync::lock(&sizes).is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let (l2, b2) = (lane.clone(), b.clone());
+        let queued = tokio::spawn(async move { l2.run_batched(&host(2), 2, &b2).await });
+        until_queued(&b, 1).await;
+        assert_eq!(
+            lane.run_batched(&host(3), 3, &b).await.err(),
+            Some(LaneReject::QueueFull)
+        );
+        // Not started within the wait: out of the queue, its host free again.
+        assert_eq!(queued.await.unwrap(), Err(LaneReject::WaitTimeout));
+        assert!(crate::sync::lock(&b.queue).is_empty());
+        gate.add_permits(1);
+        assert_eq!(running.await.unwrap(), Ok(2));
+        assert_eq!(lane.run_batched(&host(2), 2, &b).await, Ok(4));
     }
 
     #[tokio::test]

@@ -35,9 +35,45 @@ use crate::store::cells::{self, CellSpec};
 use heartbeat::BeatError;
 
 pub use heartbeat::HeartbeatRefusal;
-use lanes::Lane;
+use lanes::{Batcher, Lane};
 use liveness::Admission;
 use rejections::RejectLog;
+
+/// One sticky request's outcome.
+pub type StickyResult = Result<assign::Grant, assign::AssignError>;
+
+/// The sticky lane's batcher: a batch of at most [`STICKY_BATCH_MAX`] queued hosts runs
+/// [`assign::assign_sticky_batch`]; its hosts are counted by path
+/// (`orca_relay_sticky_batch_hosts_total`).
+///
+/// [`STICKY_BATCH_MAX`]: crate::contract::limits::STICKY_BATCH_MAX
+fn sticky_batcher(ctx: &Ctx) -> Arc<Batcher<assign::StickyAsk, StickyResult>> {
+    let db = ctx.db.clone();
+    let regions = Arc::new(ctx.config.regions.clone());
+    let hosts = ctx.metrics.register_counter_vec(
+        "orca_relay_sticky_batch_hosts_total",
+        "sticky assigns by path: granted by a batch's one transaction, or on the single path \
+         (row busy, charge, move, refusal or not sticky)",
+        &["path"],
+    );
+    for path in ["batch", "single"] {
+        let _ = hosts.with_label_values(&[path]);
+    }
+    Batcher::new(
+        crate::contract::limits::STICKY_BATCH_MAX,
+        move |asks: Vec<assign::StickyAsk>| {
+            let (db, regions, hosts) = (db.clone(), regions.clone(), hosts.clone());
+            async move {
+                let (results, batched) = assign::assign_sticky_batch(&db, &asks, &regions).await;
+                hosts.with_label_values(&["batch"]).inc_by(batched as u64);
+                hosts
+                    .with_label_values(&["single"])
+                    .inc_by(asks.len().saturating_sub(batched) as u64);
+                results
+            }
+        },
+    )
+}
 
 /// The director of this process.
 pub struct Director {
@@ -47,6 +83,8 @@ pub struct Director {
     pub verifier: HostTokenVerifier,
     pub placement_lane: Arc<Lane>,
     pub sticky_lane: Arc<Lane>,
+    /// The sticky lane's batches ([`assign::assign_sticky_batch`]).
+    pub sticky_batch: Arc<Batcher<assign::StickyAsk, StickyResult>>,
     pub resolve_lane: Arc<Lane>,
     pub rejects: Arc<RejectLog>,
     /// `/v1/regions` cache (30 s, single-flight).
@@ -92,6 +130,7 @@ impl Director {
             verifier: HostTokenVerifier::new(key, jwks),
             placement_lane: Lane::new("placement", cfg.placement_lane, true),
             sticky_lane: Lane::new("sticky", cfg.sticky_lane, true),
+            sticky_batch: sticky_batcher(&ctx),
             resolve_lane: Lane::new("resolve", resolve_cfg, false),
             rejects: RejectLog::new(),
             regions_cache: tokio::sync::Mutex::new(None),

@@ -274,21 +274,24 @@ impl Director {
                 hinted,
                 retry_after: sticky_retry,
             };
-            match self.sticky_lane.enter(&host).await {
+            let ask = sp::StickyAsk {
+                host: host.clone(),
+                preferred_region: req.preferred_region.clone(),
+            };
+            // Batched: the slot's holder grants every queued sticky host in one transaction
+            // (`assign_sticky_batch`); an unverified host joins the placement lane.
+            match self
+                .sticky_lane
+                .run_batched(&host, ask, &self.sticky_batch)
+                .await
+            {
                 Err(r) => return self.lane_rejected(c, r, &host),
-                // The verification runs inside the grant's first transaction (`assign_sticky`);
-                // an unverified host leaves the slot and joins the placement lane.
-                Ok(permit) => {
+                Ok(result) => {
+                    let result = result
+                        .map(|g| (g.cell_id, g.cell_url, g.assignment_epoch, Some(g.region)))
+                        .map_err(Some);
                     if let Some(r) = self
-                        .run_assign(
-                            permit,
-                            c,
-                            host.clone(),
-                            req.preferred_region.clone(),
-                            rc.clone(),
-                            now,
-                            true,
-                        )
+                        .answer_assign(c, host.clone(), rc.clone(), now, result)
                         .await
                     {
                         return r;
@@ -305,7 +308,7 @@ impl Director {
         match self.placement_lane.enter(&host).await {
             Err(r) => self.lane_rejected(c, r, &host),
             Ok(permit) => self
-                .run_assign(permit, c, host, req.preferred_region, rc, now, false)
+                .run_assign(permit, c, host, req.preferred_region, rc, now)
                 .await
                 .unwrap_or_else(|| {
                     h::error_retry(StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, c.retry_after)
@@ -313,10 +316,8 @@ impl Director {
         }
     }
 
-    /// Runs the work in the held slot, in its own task so it completes even if the client leaves.
-    /// `sticky`: the sticky lane's work, verified inside the grant; `None` when it did not verify
-    /// (the slot is released, the request belongs to the placement lane).
-    #[allow(clippy::too_many_arguments)]
+    /// Runs the placement lane's work in the held slot, in its own task so it completes even if
+    /// the client leaves, then answers it ([`Self::answer_assign`]).
     async fn run_assign(
         self: &Arc<Self>,
         permit: LanePermit,
@@ -325,7 +326,6 @@ impl Director {
         preferred: Option<String>,
         rc: Option<RegionCorrection>,
         now: i64,
-        sticky: bool,
     ) -> Option<Response> {
         let report = matches!(rc, Some(RegionCorrection::Report(_)));
         permit.started();
@@ -333,7 +333,7 @@ impl Director {
         let task_host = host.clone();
         let task = tokio::spawn(async move {
             let _permit = permit;
-            assign_work(&me, &task_host, preferred.as_deref(), report, sticky).await
+            assign_work(&me, &task_host, preferred.as_deref(), report).await
         });
         let result = match task.await {
             Ok(r) => r,
@@ -341,6 +341,19 @@ impl Director {
                 "assign task failed".into(),
             )))),
         };
+        self.answer_assign(c, host, rc, now, result).await
+    }
+
+    /// The answer to a lane's assign work: `None` when a sticky grant did not verify (the
+    /// request belongs to the placement lane).
+    async fn answer_assign(
+        &self,
+        c: Ctx<'static>,
+        host: HostKey,
+        rc: Option<RegionCorrection>,
+        now: i64,
+        result: Result<Placed, Option<AssignError>>,
+    ) -> Option<Response> {
         Some(match result {
             Err(Some(AssignError::NotSticky)) => return None,
             Err(Some(AssignError::VerifyFailed(e))) => {
@@ -622,14 +635,13 @@ fn coded(mut r: Response, code: &'static str) -> Response {
 /// home region.
 type Placed = (String, String, i64, Option<String>);
 
-/// The lane's work: a region-correction report resolves the host's current assignment (`Err(None)`
-/// when it has none); otherwise a sticky or a placement assign.
+/// The placement lane's work: a region-correction report resolves the host's current assignment
+/// (`Err(None)` when it has none); otherwise a placement assign.
 async fn assign_work(
     me: &Director,
     host: &HostKey,
     preferred: Option<&str>,
     report: bool,
-    sticky: bool,
 ) -> Result<Placed, Option<AssignError>> {
     let db = &me.ctx.db;
     let regions = &me.ctx.config.regions;
@@ -643,11 +655,8 @@ async fn assign_work(
             Err(e) => Err(Some(AssignError::Db(e))),
         };
     }
-    let g = if sticky {
-        sp::assign_sticky(db, host, preferred, regions).await
-    } else {
-        sp::assign(db, host, preferred, regions, AssignOptions::default()).await
-    };
-    g.map(|g| (g.cell_id, g.cell_url, g.assignment_epoch, Some(g.region)))
+    sp::assign(db, host, preferred, regions, AssignOptions::default())
+        .await
+        .map(|g| (g.cell_id, g.cell_url, g.assignment_epoch, Some(g.region)))
         .map_err(Some)
 }

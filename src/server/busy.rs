@@ -1,14 +1,20 @@
-//! The answer to a connection over the HTTP connection cap ([`HTTP_CONNECTIONS_MAX`]).
+//! Admission over the HTTP connection cap ([`HTTP_CONNECTIONS_MAX`]) and the answer given there.
 //!
-//! Closing such a connection without a word leaves a reconnecting client with a network error
-//! and no hint when to come back, and leaves the operator with nothing to count. So a bounded
-//! few at a time ([`BUSY_ANSWERS_MAX`]) are answered `503 server_busy` with `Retry-After: 1`
-//! (after the TLS handshake on a TLS listener); past that bound the socket is closed at once.
-//! Both are counted in `orca_relay_http_connections_refused_total{reason}`. Answering is bounded
-//! in count and time so that refusing a storm never costs more than serving it would.
+//! Closing a connection without a word leaves a reconnecting client with a network error and no
+//! hint when to come back, and leaves the operator with nothing to count. So the accept loop only
+//! accepts a connection once it holds either a serving slot or one of a bounded few answering
+//! permits ([`BUSY_ANSWERS_MAX`]); with neither free it stops accepting, and new connections
+//! wait in the kernel's listen backlog (bounded by the kernel) until one frees. A connection
+//! taken with an answering permit is answered `503 server_busy` with `Retry-After: 1` (after the
+//! TLS handshake on a TLS listener). Each is counted in
+//! `orca_relay_http_connections_refused_total{reason}`: `answered` once the 503 is written,
+//! `closed` when the client left, failed the handshake or sent no request head within
+//! [`BUSY_ANSWER_MS`] first. Answering is bounded in count and time so that refusing a storm
+//! never costs more than serving it would.
 //!
 //! [`HTTP_CONNECTIONS_MAX`]: crate::contract::limits::HTTP_CONNECTIONS_MAX
 //! [`BUSY_ANSWERS_MAX`]: crate::contract::limits::BUSY_ANSWERS_MAX
+//! [`BUSY_ANSWER_MS`]: crate::contract::limits::BUSY_ANSWER_MS
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,14 +22,15 @@ use std::time::Duration;
 use prometheus::IntCounterVec;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::task::TaskTracker;
 
 use crate::contract::limits::{BUSY_ANSWERS_MAX, BUSY_ANSWER_MS};
 use crate::metrics::Metrics;
 use crate::tls::server::Tls;
 
-/// The counter's name; `reason` is `answered` (a 503 was sent) or `closed` (closed at once).
+/// The counter's name; `reason` is `answered` (the 503 was written) or `closed` (the connection
+/// ended before it could be).
 pub const REFUSED_TOTAL: &str = "orca_relay_http_connections_refused_total";
 
 /// The whole answer, written as one buffer (the body is `{"error":"server_busy"}`).
@@ -38,7 +45,45 @@ content-length: 23\r\n\
 /// Request head bytes read before answering, at most (the rest is left unread).
 const HEAD_READ_MAX: usize = 8 * 1024;
 
-/// Answers or closes connections the accept loop has no slot for.
+/// What the accept loop holds before it accepts the next connection.
+pub enum Ticket {
+    /// A serving slot: the connection is served.
+    Serve(OwnedSemaphorePermit),
+    /// An answering permit: the connection is answered 503 (unless a slot frees first).
+    Answer(OwnedSemaphorePermit),
+}
+
+/// Waits for a serving slot or, with none free, an answering permit, whichever frees first
+/// (a slot when both are free). Cancel-safe. `None` only if a semaphore was closed.
+pub async fn admit(slots: &Arc<Semaphore>, answers: &Arc<Semaphore>) -> Option<Ticket> {
+    if let Ok(s) = slots.clone().try_acquire_owned() {
+        return Some(Ticket::Serve(s));
+    }
+    if let Ok(p) = answers.clone().try_acquire_owned() {
+        return Some(Ticket::Answer(p));
+    }
+    tokio::select! {
+        biased;
+        s = slots.clone().acquire_owned() => s.ok().map(Ticket::Serve),
+        p = answers.clone().acquire_owned() => p.ok().map(Ticket::Answer),
+    }
+}
+
+/// After the accept: an answering ticket becomes a serving one if a slot freed meanwhile.
+pub fn upgrade(ticket: Ticket, slots: &Arc<Semaphore>) -> Ticket {
+    match ticket {
+        Ticket::Answer(p) => match slots.clone().try_acquire_owned() {
+            Ok(s) => {
+                drop(p);
+                Ticket::Serve(s)
+            }
+            Err(_) => Ticket::Answer(p),
+        },
+        t => t,
+    }
+}
+
+/// Answers connections the accept loop has no serving slot for.
 pub struct Busy {
     answering: Arc<Semaphore>,
     refused: IntCounterVec,
@@ -49,7 +94,8 @@ impl Busy {
     pub fn new(metrics: &Metrics, tls: Option<Arc<Tls>>) -> Busy {
         let refused = metrics.register_counter_vec(
             REFUSED_TOTAL,
-            "connections over the HTTP connection cap, answered 503 server_busy or closed at once",
+            "connections over the HTTP connection cap: answered 503 server_busy, or closed \
+             (client gone, failed handshake or no request head in time) before the answer",
             &["reason"],
         );
         for reason in ["answered", "closed"] {
@@ -62,40 +108,45 @@ impl Busy {
         }
     }
 
-    /// Takes over `stream`; never waits, so the accept loop goes on at once.
-    pub fn refuse(&self, stream: TcpStream, tasks: &TaskTracker) {
-        let Ok(permit) = self.answering.clone().try_acquire_owned() else {
-            self.refused.with_label_values(&["closed"]).inc();
-            return;
-        };
-        self.refused.with_label_values(&["answered"]).inc();
+    /// The answering permits, for [`admit`].
+    pub fn permits(&self) -> &Arc<Semaphore> {
+        &self.answering
+    }
+
+    /// Answers `stream` in its own task, holding `permit` until done; never waits.
+    pub fn refuse(&self, stream: TcpStream, permit: OwnedSemaphorePermit, tasks: &TaskTracker) {
         let tls = self.tls.clone();
+        let refused = self.refused.clone();
         tasks.spawn(async move {
             let _permit = permit;
             let work = async {
                 match tls {
                     None => answer(stream).await,
-                    Some(tls) => {
-                        if let Some(stream) = tls.accept(stream).await {
-                            answer(stream).await;
-                        }
-                    }
+                    Some(tls) => match tls.accept(stream).await {
+                        Some(stream) => answer(stream).await,
+                        None => false,
+                    },
                 }
             };
-            let _ = tokio::time::timeout(Duration::from_millis(BUSY_ANSWER_MS), work).await;
+            let written = tokio::time::timeout(Duration::from_millis(BUSY_ANSWER_MS), work)
+                .await
+                .unwrap_or(false);
+            let reason = if written { "answered" } else { "closed" };
+            refused.with_label_values(&[reason]).inc();
         });
     }
 }
 
-/// Reads the request head, then writes the 503 and closes. Closing with the request unread would
-/// reset the connection, and a reset can destroy the answer before the client has read it.
-async fn answer<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S) {
+/// Reads the request head, then writes the 503 and closes; true once the answer was written.
+/// Closing with the request unread would reset the connection, and a reset can destroy the
+/// answer before the client has read it.
+async fn answer<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S) -> bool {
     let mut buf = [0u8; 1024];
     let mut read = 0usize;
     let mut tail = [0u8; 4];
     while read < HEAD_READ_MAX {
         let n = match stream.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => return false,
             Ok(n) => n,
         };
         read += n;
@@ -103,9 +154,11 @@ async fn answer<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S) {
             break;
         }
     }
-    if stream.write_all(RESPONSE).await.is_ok() {
-        let _ = stream.shutdown().await;
+    if stream.write_all(RESPONSE).await.is_err() {
+        return false;
     }
+    let _ = stream.shutdown().await;
+    true
 }
 
 /// Feeds `chunk` through the last four bytes seen; true once they are the blank line that ends
@@ -156,7 +209,37 @@ mod tests {
             .unwrap();
         let mut got = Vec::new();
         client.read_to_end(&mut got).await.unwrap();
-        task.await.unwrap();
+        assert!(task.await.unwrap());
         assert_eq!(got, RESPONSE);
+    }
+
+    #[tokio::test]
+    async fn a_client_gone_before_its_head_is_not_answered() {
+        let (client, server) = tokio::io::duplex(4096);
+        drop(client);
+        assert!(!answer(server).await);
+    }
+
+    #[tokio::test]
+    async fn admission_prefers_a_slot_then_a_permit_then_waits_for_either() {
+        let slots = Arc::new(Semaphore::new(1));
+        let answers = Arc::new(Semaphore::new(1));
+        let s = admit(&slots, &answers).await.unwrap();
+        assert!(matches!(s, Ticket::Serve(_)));
+        let a = admit(&slots, &answers).await.unwrap();
+        assert!(matches!(a, Ticket::Answer(_)));
+        // Neither free: the next admission waits, and takes whichever frees first.
+        let (s2, a2) = (slots.clone(), answers.clone());
+        let waiting = tokio::spawn(async move { admit(&s2, &a2).await.unwrap() });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        drop(a);
+        assert!(matches!(waiting.await.unwrap(), Ticket::Answer(_)));
+        // An answering ticket turns into a serving one when a slot freed meanwhile.
+        let held = admit(&slots, &answers).await.unwrap();
+        assert!(matches!(held, Ticket::Answer(_)));
+        drop(s);
+        assert!(matches!(upgrade(held, &slots), Ticket::Serve(_)));
+        assert_eq!(answers.available_permits(), 1);
     }
 }

@@ -239,10 +239,11 @@ pub async fn lock_host(
 }
 
 /// Open-migration columns of [`lock_open_migration`], in order.
-const MIGRATION_COLUMNS: &str = "assignment_epoch, kind, source_cell_id, target_cell_id, \
+pub(crate) const MIGRATION_COLUMNS: &str =
+    "assignment_epoch, kind, source_cell_id, target_cell_id, \
      previous_epoch, target_registered_at, created_at";
 
-fn migration_from(r: &super::Row) -> OpenMigration {
+pub(crate) fn migration_from(r: &super::Row) -> OpenMigration {
     OpenMigration {
         assignment_epoch: r.i64(0),
         kind: r.str(1),
@@ -257,7 +258,7 @@ fn migration_from(r: &super::Row) -> OpenMigration {
 /// What the sticky grant reads under its locks: the host's rows and a plain read of its home.
 pub type StickyRead = (HostView, Option<super::cells::CellView>);
 
-const ROW_WIDTH: usize = 11;
+pub(crate) const ROW_WIDTH: usize = 11;
 
 /// The one statement of [`lock_sticky`]. Its CTEs lock, in the order of ARCHITECTURE.md, the
 /// assignment row (`NOWAIT`), then the leases and open migrations (tier 2) and the live
@@ -310,7 +311,7 @@ fn sticky_sql(kind: super::DbKind) -> &'static str {
 }
 
 /// The rows of one JSON array of arrays from [`sticky_sql`] (NULL: none), as store rows.
-fn json_rows(text: Option<String>) -> Result<Vec<super::Row>, DbError> {
+pub(crate) fn json_rows(text: Option<String>) -> Result<Vec<super::Row>, DbError> {
     let Some(text) = text else {
         return Ok(Vec::new());
     };

@@ -24,6 +24,7 @@ pub mod push;
 pub mod region;
 pub mod restore;
 mod sqlite;
+pub mod sticky_batch;
 pub mod testing;
 pub mod timeline;
 mod value;
