@@ -243,7 +243,7 @@ pub(crate) const MIGRATION_COLUMNS: &str =
     "assignment_epoch, kind, source_cell_id, target_cell_id, \
      previous_epoch, target_registered_at, created_at";
 
-pub(crate) fn migration_from(r: &super::Row) -> OpenMigration {
+fn migration_from(r: &super::Row) -> OpenMigration {
     OpenMigration {
         assignment_epoch: r.i64(0),
         kind: r.str(1),
@@ -258,7 +258,7 @@ pub(crate) fn migration_from(r: &super::Row) -> OpenMigration {
 /// What the sticky grant reads under its locks: the host's rows and a plain read of its home.
 pub type StickyRead = (HostView, Option<super::cells::CellView>);
 
-pub(crate) const ROW_WIDTH: usize = 11;
+const ROW_WIDTH: usize = 11;
 
 /// The one statement of [`lock_sticky`]. Its CTEs lock, in the order of ARCHITECTURE.md, the
 /// assignment row (`NOWAIT`), then the leases and open migrations (tier 2) and the live
@@ -311,7 +311,7 @@ fn sticky_sql(kind: super::DbKind) -> &'static str {
 }
 
 /// The rows of one JSON array of arrays from [`sticky_sql`] (NULL: none), as store rows.
-pub(crate) fn json_rows(text: Option<String>) -> Result<Vec<super::Row>, DbError> {
+fn json_rows(text: Option<String>) -> Result<Vec<super::Row>, DbError> {
     let Some(text) = text else {
         return Ok(Vec::new());
     };
@@ -348,13 +348,20 @@ pub async fn lock_sticky(tx: &mut Tx, host: &HostKey) -> Result<Option<StickyRea
     let Some(r) = rows.first() else {
         return Ok(None);
     };
+    sticky_read_at(r, 0).map(Some)
+}
+
+/// One host's sticky read from a result row whose assignment row starts at column `row_at`,
+/// followed by the joined home cell and the leases' and open migrations' JSON aggregates
+/// ([`lock_sticky`] reads one host, the sticky batch many).
+pub(super) fn sticky_read_at(r: &super::Row, row_at: usize) -> Result<StickyRead, DbError> {
     use super::cells::JOINED_WIDTH;
     let part = |from: usize, n: usize| super::Row(r.0[from..from + n].to_vec());
-    let cell_at = ROW_WIDTH;
+    let cell_at = row_at + ROW_WIDTH;
     let json_at = cell_at + JOINED_WIDTH;
     let home =
         (!r.is_null(cell_at)).then(|| super::cells::joined_from_row(&part(cell_at, JOINED_WIDTH)));
-    let row = row_from(&part(0, ROW_WIDTH));
+    let row = row_from(&part(row_at, ROW_WIDTH));
     let mut leases: Vec<Lease> = json_rows(r.opt_str(json_at))?
         .iter()
         .map(lease_from)
@@ -366,14 +373,12 @@ pub async fn lock_sticky(tx: &mut Tx, host: &HostKey) -> Result<Option<StickyRea
     // The aggregate keeps no promised order: restore each part's own.
     leases.sort_by(|a, b| a.activity_id.cmp(&b.activity_id));
     migrations.sort_by_key(|m| std::cmp::Reverse(m.assignment_epoch));
-    Ok(Some((
-        HostView {
-            row,
-            leases,
-            open_migration: migrations.into_iter().next(),
-        },
-        home,
-    )))
+    let hv = HostView {
+        row,
+        leases,
+        open_migration: migrations.into_iter().next(),
+    };
+    Ok((hv, home))
 }
 
 /// The sticky grant's only write (A.5), run as the transaction's last statement and pipelined with

@@ -14,12 +14,9 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use super::assignments::{
-    json_rows, lease_from, migration_from, row_from, StickyRead, LEASE_COLUMNS, LEASE_TTL_MS,
-    MIGRATION_COLUMNS, ROW_COLUMNS, ROW_WIDTH,
-};
+use super::assignments::{StickyRead, LEASE_COLUMNS, LEASE_TTL_MS, MIGRATION_COLUMNS, ROW_COLUMNS};
 use super::{DbError, DbKind, Tx};
-use crate::model::{HostKey, HostView, Lease, LeaseCounts, OpenMigration};
+use crate::model::{HostKey, HostView, LeaseCounts};
 use crate::params;
 
 /// The rows of a JSON array of arrays passed as the statement's one parameter (`$1`), as a table
@@ -101,36 +98,13 @@ pub async fn lock_sticky_many(
     let rows = tx
         .query(many_sql(tx.kind()), params![hosts_param(hosts)])
         .await?;
-    use super::cells::JOINED_WIDTH;
     let mut out = HashMap::with_capacity(rows.len());
     for r in &rows {
-        let part = |from: usize, n: usize| super::Row(r.0[from..from + n].to_vec());
-        let row_at = 2;
-        let cell_at = row_at + ROW_WIDTH;
-        let json_at = cell_at + JOINED_WIDTH;
-        let home = (!r.is_null(cell_at))
-            .then(|| super::cells::joined_from_row(&part(cell_at, JOINED_WIDTH)));
-        let mut leases: Vec<Lease> = json_rows(r.opt_str(json_at))?
-            .iter()
-            .map(lease_from)
-            .collect();
-        let mut migrations: Vec<OpenMigration> = json_rows(r.opt_str(json_at + 1))?
-            .iter()
-            .map(migration_from)
-            .collect();
-        // The aggregate keeps no promised order: restore each part's own.
-        leases.sort_by(|a, b| a.activity_id.cmp(&b.activity_id));
-        migrations.sort_by_key(|m| std::cmp::Reverse(m.assignment_epoch));
         let host = HostKey {
             user_id: r.str(0),
             relay_host_id: r.str(1),
         };
-        let hv = HostView {
-            row: row_from(&part(row_at, ROW_WIDTH)),
-            leases,
-            open_migration: migrations.into_iter().next(),
-        };
-        out.insert(host, (hv, home));
+        out.insert(host, super::assignments::sticky_read_at(r, 2)?);
     }
     Ok(out)
 }
