@@ -19,12 +19,14 @@
 //! exits non-zero when double serving was seen, a sample failed, an epoch went down or a roll
 //! failed. The goal is no host without a grant for longer than one heartbeat interval (15 s).
 
+#[path = "common/relay_bin.rs"]
+mod relay_bin;
 #[path = "../tests/support/mod.rs"]
 mod support;
+use relay_bin::relay_bin;
 use support::{region, roll_sampler};
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -67,25 +69,6 @@ struct Args {
 
 const REGION: &str = "us-central1";
 const GOAL: Duration = Duration::from_secs(15);
-
-fn bin() -> PathBuf {
-    if let Ok(p) = std::env::var("ORCA_RELAY_BIN") {
-        return p.into();
-    }
-    let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/examples/roll_bench → target/<profile>/orca-relay
-    let p = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .map(|d| d.join("orca-relay"))
-        .expect("target dir");
-    assert!(
-        p.exists(),
-        "{} not found: run `cargo build` first or set ORCA_RELAY_BIN",
-        p.display()
-    );
-    p
-}
 
 /// The value of `key=<n>` in a log line.
 fn field(line: &str, key: &str) -> Option<u64> {
@@ -178,7 +161,7 @@ fn raise_nofile() -> u64 {
 
 async fn admin_roll(director: &str, cell: &str, pid: u32, a: &Args) -> (i32, String) {
     let restart = format!("kill -TERM {pid}; while kill -0 {pid} 2>/dev/null; do sleep 0.05; done");
-    let out = tokio::process::Command::new(bin())
+    let out = tokio::process::Command::new(relay_bin())
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("ORCA_RELAY_ADMIN_TOKEN", ADMIN)
@@ -207,7 +190,7 @@ async fn main() {
         );
         std::process::exit(2);
     };
-    let bin = bin();
+    let bin = relay_bin();
     let spec = FleetSpec {
         directors: vec![REGION.to_string(); a.directors],
         cells: (1..=a.cells)

@@ -24,6 +24,9 @@
 //! (`/proc/<pid>/stat` utime+stime). Exits non-zero when the goal is missed
 //! (`--goal-ms`, default 8 000) or a refusal lacked `Retry-After`.
 
+#[path = "common/relay_bin.rs"]
+mod relay_bin;
+use relay_bin::relay_bin;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -75,20 +78,6 @@ const SIGNING: &str = "storm-bench-signing-key-storm-bench-signing-01";
 const CLUSTER: &str = "storm-bench-cluster-key-storm-bench-cluster-01";
 const ADMIN: &str = "storm-bench-admin-token-storm-bench-admin-0001";
 const WAIT: Duration = Duration::from_secs(15);
-
-fn bin() -> PathBuf {
-    if let Ok(p) = std::env::var("ORCA_RELAY_BIN") {
-        return p.into();
-    }
-    let exe = std::env::current_exe().expect("current exe");
-    let p = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .map(|d| d.join("orca-relay"))
-        .expect("target dir");
-    assert!(p.exists(), "{} not found: build it first", p.display());
-    p
-}
 
 /// Raises the open-file soft limit to the hard limit; the relay inherits it.
 fn raise_nofile() -> u64 {
@@ -748,7 +737,7 @@ async fn main() {
         ca_pem = ca;
     }
     let mut relay = Relay {
-        bin: bin(),
+        bin: relay_bin(),
         dir: dir.path().to_path_buf(),
         envs,
         public: public.clone(),

@@ -102,6 +102,10 @@ impl LanePermit {
 }
 
 /// Runs one batch of jobs; answers one result per job, in the jobs' order.
+/// Spawns a batch's task; the composition root passes the process's task tracker
+/// (`Ctx::spawn`), so shutdown waits for a batch that has started.
+pub type SpawnBatch = Arc<dyn Fn(Pin<Box<dyn Future<Output = ()> + Send>>) + Send + Sync>;
+
 type RunBatch<J, R> =
     Arc<dyn Fn(Vec<J>) -> Pin<Box<dyn Future<Output = Vec<R>> + Send>> + Send + Sync>;
 
@@ -112,6 +116,7 @@ pub struct Batcher<J, R> {
     /// Most jobs one batch takes.
     max: usize,
     run: RunBatch<J, R>,
+    spawn: SpawnBatch,
 }
 
 /// A job waiting for a batch, with its host's mark and where its result goes.
@@ -122,9 +127,24 @@ struct Queued<J, R> {
     reply: oneshot::Sender<R>,
 }
 
+impl<J, R> Batcher<J, R> {
+    fn queued(&self, id: u64) -> bool {
+        crate::sync::lock(&self.queue).iter().any(|q| q.id == id)
+    }
+
+    /// Takes job `id` out of the queue; false when a batch has taken it (it has started).
+    fn remove(&self, id: u64) -> bool {
+        let removed = {
+            let mut q = crate::sync::lock(&self.queue);
+            q.iter().position(|q| q.id == id).and_then(|i| q.remove(i))
+        };
+        removed.is_some()
+    }
+}
+
 impl<J: Send + 'static, R: Send + 'static> Batcher<J, R> {
     /// `work` answers one result per job of a batch, in the jobs' order; at most `max` jobs.
-    pub fn new<F, Fut>(max: usize, work: F) -> Arc<Batcher<J, R>>
+    pub fn new<F, Fut>(max: usize, spawn: SpawnBatch, work: F) -> Arc<Batcher<J, R>>
     where
         F: Fn(Vec<J>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Vec<R>> + Send + 'static,
@@ -137,20 +157,8 @@ impl<J: Send + 'static, R: Send + 'static> Batcher<J, R> {
             next_id: AtomicU64::new(0),
             max: max.max(1),
             run,
+            spawn,
         })
-    }
-
-    fn queued(&self, id: u64) -> bool {
-        crate::sync::lock(&self.queue).iter().any(|q| q.id == id)
-    }
-
-    /// Takes job `id` out of the queue; false when a batch has taken it (it has started).
-    fn remove(&self, id: u64) -> bool {
-        let removed = {
-            let mut q = crate::sync::lock(&self.queue);
-            q.iter().position(|q| q.id == id).and_then(|i| q.remove(i))
-        };
-        removed.is_some()
     }
 
     /// Starts a batch in the slot `permit`: the queue's first jobs, up to the bound, run in
@@ -165,7 +173,7 @@ impl<J: Send + 'static, R: Send + 'static> Batcher<J, R> {
             return;
         }
         let run = self.run.clone();
-        tokio::spawn(async move {
+        (self.spawn)(Box::pin(async move {
             let _permit = permit;
             let mut jobs = Vec::with_capacity(taken.len());
             let mut replies = Vec::with_capacity(taken.len());
@@ -179,7 +187,7 @@ impl<J: Send + 'static, R: Send + 'static> Batcher<J, R> {
                 let _ = reply.send(r);
                 drop(mark);
             }
-        });
+        }));
     }
 }
 
@@ -191,13 +199,7 @@ struct Waiting<'a, J, R> {
 
 impl<J, R> Drop for Waiting<'_, J, R> {
     fn drop(&mut self) {
-        let gone = {
-            let mut q = crate::sync::lock(&self.batcher.queue);
-            q.iter()
-                .position(|q| q.id == self.id)
-                .and_then(|i| q.remove(i))
-        };
-        drop(gone);
+        self.batcher.remove(self.id);
     }
 }
 
@@ -409,7 +411,10 @@ mod tests {
     /// A batcher whose batches wait at `gate` (closed until the test adds a permit), record
     /// their sizes and answer each job doubled.
     fn doubling(gate: Arc<Semaphore>, sizes: Arc<Mutex<Vec<usize>>>) -> Arc<Batcher<u32, u32>> {
-        Batcher::new(8, move |jobs: Vec<u32>| {
+        let spawn: SpawnBatch = Arc::new(|f| {
+            tokio::spawn(f);
+        });
+        Batcher::new(8, spawn, move |jobs: Vec<u32>| {
             let (gate, sizes) = (gate.clone(), sizes.clone());
             async move {
                 crate::sync::lock(&sizes).push(jobs.len());

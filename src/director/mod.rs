@@ -59,8 +59,13 @@ fn sticky_batcher(ctx: &Ctx) -> Arc<Batcher<assign::StickyAsk, StickyResult>> {
     for path in ["batch", "single"] {
         let _ = hosts.with_label_values(&[path]);
     }
+    let tasks = ctx.clone();
+    let spawn: lanes::SpawnBatch = Arc::new(move |batch| {
+        tasks.spawn("sticky-batch", batch);
+    });
     Batcher::new(
         crate::contract::limits::STICKY_BATCH_MAX,
+        spawn,
         move |asks: Vec<assign::StickyAsk>| {
             let (db, regions, hosts) = (db.clone(), regions.clone(), hosts.clone());
             async move {
