@@ -660,12 +660,20 @@ async fn wait_back(sh: &Shared, hosts: usize, timeout: Duration) {
     }
 }
 
-fn report_back(what: &str, v: &[Option<Instant>], ready: Instant) -> Duration {
+/// Prints when `what` were all back, from `/ready` and from the restart (`started`: hosts
+/// reconnect as soon as the listener takes connections, which can be before `/ready`).
+fn report_back(what: &str, v: &[Option<Instant>], ready: Instant, started: Instant) -> Duration {
     let (d, missing) = since_ready(v, ready);
     let max = d.last().copied().unwrap_or_default();
+    let from_start = since_ready(v, started)
+        .0
+        .last()
+        .copied()
+        .unwrap_or_default();
     println!(
-        "{what}: all back {} ms after /ready ({} back, {missing} missing); per host p50 {} ms, p99 {} ms, max {} ms",
+        "{what}: all back {} ms after /ready, {} ms after the restart ({} back, {missing} missing); per host from /ready p50 {} ms, p99 {} ms, max {} ms",
         if missing == 0 { ms(max).to_string() } else { "never".into() },
+        if missing == 0 { ms(from_start).to_string() } else { "never".into() },
         d.len(),
         ms(quantile(&d, 0.5)),
         ms(quantile(&d, 0.99)),
@@ -781,21 +789,26 @@ async fn storm(a: &Args, relay: &mut Relay, pid: u32) -> bool {
     relay.kill();
     let killed = Instant::now();
     let pid = relay.start();
+    let started = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
     let peaks = sample_peaks(pid, stop.clone());
     let ready = relay.ready(Duration::from_secs(60)).await;
     sh.ready.store(true, Ordering::SeqCst);
     let cpu0 = cpu_seconds(pid);
     let dials0 = sh.dials.load(Ordering::SeqCst);
-    println!("restart: /ready {} ms after SIGKILL", ms(ready - killed));
+    println!(
+        "restart: /ready {} ms after SIGKILL, {} ms after the new process started",
+        ms(ready - killed),
+        ms(ready - started)
+    );
     wait_back(&sh, a.hosts, Duration::from_secs(a.timeout_s)).await;
     let storm_s = ready.elapsed().as_secs_f64();
     let cpu = cpu_seconds(pid) - cpu0;
     stop.store(true, Ordering::SeqCst);
     let (rss, fds) = peaks.join().unwrap();
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let c = report_back("controls", &sh.control_back.lock().unwrap(), ready);
-    let p = report_back("phones", &sh.phone_back.lock().unwrap(), ready);
+    let c = report_back("controls", &sh.control_back.lock().unwrap(), ready, started);
+    let p = report_back("phones", &sh.phone_back.lock().unwrap(), ready, started);
     let dials = sh.dials.load(Ordering::SeqCst) - dials0;
     println!(
         "relay during the storm: peak RSS {rss} KiB, peak open files {fds}, CPU {cpu:.2} s over {storm_s:.1} s; {dials} WebSocket connections{} = {:.0}/s; loadavg {}",
@@ -832,7 +845,8 @@ async fn storm(a: &Args, relay: &mut Relay, pid: u32) -> bool {
 }
 
 /// The relay's own counts of the storm: connections over its HTTP connection cap (answered 503,
-/// or closed before the answer) and sticky assigns by path (batched or one by one).
+/// or closed before the answer), sticky assigns by path (batched or one by one), the cells'
+/// refused upgrades by gate and the director's assign outcomes.
 async fn relay_counters(public: &str) {
     let got = testkit::http_client()
         .get(format!("{public}/metrics"))
@@ -855,6 +869,8 @@ async fn relay_counters(public: &str) {
     for l in text.lines().filter(|l| {
         l.starts_with("orca_relay_http_connections_refused_total")
             || l.starts_with("orca_relay_sticky_batch_hosts_total")
+            || l.starts_with("orca_relay_admission_rejections_total")
+            || (l.starts_with("orca_relay_assignments_total") && !l.ends_with(" 0"))
     }) {
         println!("  {l}");
     }

@@ -6,6 +6,7 @@
 //! process does not run answers `404 {"error":"<role>_only"}`.
 
 mod busy;
+mod keepalive;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -398,6 +399,7 @@ async fn accept_loop(
         crate::contract::limits::HTTP_CONNECTIONS_MAX,
     ));
     let busy = busy::Busy::new(&ctx.metrics, tls.clone());
+    let keepalive = keepalive::KeepAlive::new(&ctx.metrics, slots.clone());
     loop {
         // Bounded HTTP connections: accept only holding a serving slot or, over the bound, an
         // answering permit (503 + Retry-After); with neither, new connections wait in the
@@ -414,16 +416,18 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
+        keepalive.refresh();
         let conn = Conn {
             ctx: ctx.clone(),
             filter: filter.clone(),
             director: director.clone(),
             cell: cell.clone(),
             peer,
+            keepalive: keepalive.clone(),
         };
         let tls = tls.clone();
         http.spawn(async move {
-            let _slot = slot;
+            let keepalive = conn.keepalive.clone();
             // The handshake runs in the connection's task (never in the accept loop); after it,
             // plain and TLS connections share one code path.
             match tls {
@@ -434,6 +438,8 @@ async fn accept_loop(
                     }
                 }
             }
+            drop(slot);
+            keepalive.refresh();
         });
     }
 }
@@ -445,6 +451,8 @@ struct Conn {
     director: Option<Arc<Director>>,
     cell: Option<Arc<Cell>>,
     peer: SocketAddr,
+    /// Whether to keep this connection alive after a response (off near the connection cap).
+    keepalive: keepalive::KeepAlive,
 }
 
 impl Conn {
@@ -458,8 +466,10 @@ impl Conn {
             director,
             cell,
             peer,
+            keepalive,
         } = self;
         let shutdown = ctx.shutdown.clone();
+        let mut crowding = keepalive.watch();
         let svc = warp::service(filter);
         let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
             req.extensions_mut().insert(PeerAddr(peer));
@@ -467,23 +477,11 @@ impl Conn {
             let mut svc = svc.clone();
             let director = director.clone();
             let cell = cell.clone();
+            let keepalive = keepalive.clone();
             async move {
-                let path = req.uri().path();
-                if is_leg_path(path) {
-                    if let Some(cell) = &cell {
-                        return Ok::<_, Infallible>(cell.upgrade(req, peer).await);
-                    }
-                    if path.starts_with("/v1/connect/") {
-                        if let Some(d) = &director {
-                            return Ok(d.connect_redirect(req, peer).await);
-                        }
-                    }
-                    return Ok(h::error(StatusCode::NOT_FOUND, errors::CELL_ONLY));
-                }
-                if ctx.shutting_down() && path != "/health" {
-                    return Ok(h::shutting_down());
-                }
-                svc.call(req).await
+                let mut resp = route(req, peer, &ctx, &mut svc, &director, &cell).await;
+                keepalive.decide(&mut resp);
+                Ok::<_, Infallible>(resp)
             }
         });
         let conn = http1::Builder::new()
@@ -500,7 +498,47 @@ impl Conn {
                 conn.as_mut().graceful_shutdown();
                 let _ = conn.await;
             }
+            // Near the connection cap: no more requests on this connection (an upgrade in
+            // progress still completes).
+            _ = crowding.begins() => {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
         }
+    }
+}
+
+/// Routes one request: legs to the cell (or the director's connect redirect), the rest through
+/// the warp filter tree.
+async fn route<S>(
+    req: http::Request<Incoming>,
+    peer: SocketAddr,
+    ctx: &Ctx,
+    svc: &mut S,
+    director: &Option<Arc<Director>>,
+    cell: &Option<Arc<Cell>>,
+) -> Response
+where
+    S: Service<http::Request<Incoming>, Response = Response, Error = Infallible>,
+{
+    let path = req.uri().path();
+    if is_leg_path(path) {
+        if let Some(cell) = cell {
+            return cell.upgrade(req, peer).await;
+        }
+        if path.starts_with("/v1/connect/") {
+            if let Some(d) = director {
+                return d.connect_redirect(req, peer).await;
+            }
+        }
+        return h::error(StatusCode::NOT_FOUND, errors::CELL_ONLY);
+    }
+    if ctx.shutting_down() && path != "/health" {
+        return h::shutting_down();
+    }
+    match svc.call(req).await {
+        Ok(resp) => resp,
+        Err(never) => match never {},
     }
 }
 

@@ -2,7 +2,8 @@
 //! `limits::BODY_READ_MS` (10 s) or the request is answered 400 and the connection closed; plain
 //! HTTP connections are bounded (`limits::HTTP_CONNECTIONS_MAX`), over the bound a connection is
 //! answered `503 server_busy` with `Retry-After` (past the answering bound it waits in the listen
-//! backlog until it can be answered, never closed unanswered), counted; and a legitimate host and phone still pair meanwhile.
+//! backlog until it can be answered, never closed unanswered), counted; near the bound no
+//! connection is kept alive; and a legitimate host and phone still pair meanwhile.
 
 mod support;
 
@@ -218,5 +219,125 @@ async fn http_connections_are_bounded() {
         count("closed") >= 1,
         "silent clients gone before their answer not counted"
     );
+    s.running.shutdown().await;
+}
+
+/// Reads one response whose body is `Content-Length` long (or up to EOF): the head and whether
+/// the server closed the connection after it (EOF within `linger`).
+async fn response_on(s: &mut TcpStream, linger: Duration) -> (String, bool) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let head_end = loop {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .expect("response in time")
+            .unwrap();
+        assert!(n > 0, "closed before a response: {got:?}");
+        got.extend_from_slice(&buf[..n]);
+        if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&got[..head_end]).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    while got.len() < head_end + len {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed inside the body");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let closed = matches!(
+        tokio::time::timeout(linger, s.read(&mut buf)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    );
+    (head, closed)
+}
+
+/// `GET /health` on `s`, keep-alive (no `Connection: close` from the client).
+async fn health_on(s: &mut TcpStream, addr: SocketAddr, linger: Duration) -> (String, bool) {
+    s.write_all(format!("GET /health HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    response_on(s, linger).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_is_declined_near_the_cap() {
+    use orca_relay::contract::limits::KEEPALIVE_FREE_MIN;
+    let crowd = HTTP_CONNECTIONS_MAX - KEEPALIVE_FREE_MIN + 1;
+    let need = (crowd as u64 + 50) * 2 + 200;
+    if !enough_fds(need) {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "open-file limit below {need}"
+        );
+        eprintln!("skipping: open-file limit below {need}");
+        return;
+    }
+    let db = orca_relay::store::testing::TestDb::sqlite().await;
+    let s = start_on(&db.url, &[]).await;
+    let addr = s.running.addr;
+    // Far from the cap a connection is kept alive.
+    let mut kept = TcpStream::connect(addr).await.unwrap();
+    let (head, closed) = health_on(&mut kept, addr, Duration::from_millis(200)).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(!head.contains("connection: close"), "{head}");
+    assert!(!closed, "closed far from the cap");
+    // Silent connections take slots until fewer than KEEPALIVE_FREE_MIN are free: the kept-alive
+    // connection, waiting for its next request, is closed.
+    let mut silent = Vec::new();
+    for _ in 0..crowd {
+        silent.push(TcpStream::connect(addr).await.unwrap());
+    }
+    let mut buf = [0u8; 64];
+    let eof = tokio::time::timeout(Duration::from_secs(8), kept.read(&mut buf)).await;
+    assert!(
+        matches!(eof, Ok(Ok(0)) | Ok(Err(_))),
+        "an idle keep-alive connection stayed open while crowded: {eof:?}"
+    );
+    // A new connection's response says `Connection: close`, and the server closes it.
+    let mut fresh = TcpStream::connect(addr).await.unwrap();
+    let (head, closed) = health_on(&mut fresh, addr, Duration::from_secs(3)).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    assert!(closed, "a crowded response kept its connection");
+    // A WebSocket upgrade still upgrades (its 101 is never marked).
+    let phone = testkit::dial(&format!("ws://{addr}/v1/connect/host-1"), &[]).await;
+    assert!(
+        phone.is_ok(),
+        "upgrade refused while crowded: {:?}",
+        phone.err()
+    );
+    drop(phone);
+    // Once the crowd leaves, keep-alive is back.
+    drop(silent);
+    let kept_again = eventually_async(SEC * 10, || async {
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        let (head, closed) = health_on(&mut c, addr, Duration::from_millis(200)).await;
+        !head.contains("connection: close") && !closed
+    })
+    .await;
+    assert!(kept_again, "keep-alive not restored after the crowd left");
+    let metrics = reqwest::Client::new()
+        .get(format!("http://{addr}/metrics"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let count = |at: &str| -> u64 {
+        let series = format!("orca_relay_http_keepalive_declined_total{{at=\"{at}\"}} ");
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(&series))
+            .unwrap_or_else(|| panic!("{series} missing"));
+        line[series.len()..].parse().unwrap()
+    };
+    assert!(count("response") >= 1, "declined responses not counted");
+    assert!(count("connection") >= 1, "closed connections not counted");
     s.running.shutdown().await;
 }

@@ -17,6 +17,12 @@ pub const HTTP_CONNECTIONS_MAX: usize = 1024;
 pub const BUSY_ANSWERS_MAX: usize = 64;
 /// Time allowed for one such answer, TLS handshake included.
 pub const BUSY_ANSWER_MS: u64 = 2_000;
+/// Free serving slots (of [`HTTP_CONNECTIONS_MAX`]) below which the process keeps no connection
+/// alive: responses other than a `101` carry `Connection: close`, and connections open when this
+/// began close after their request in progress (counted in
+/// `orca_relay_http_keepalive_declined_total`). Idle keep-alive connections would otherwise hold
+/// slots a storm's upgrades need.
+pub const KEEPALIVE_FREE_MIN: usize = 256;
 /// Most queued sticky requests one slot of the sticky lane grants together, in one transaction
 /// (counted by path in `orca_relay_sticky_batch_hosts_total`).
 pub const STICKY_BATCH_MAX: usize = 128;
