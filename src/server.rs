@@ -470,6 +470,9 @@ impl Conn {
         } = self;
         let shutdown = ctx.shutdown.clone();
         let mut crowding = keepalive.watch();
+        // Set once the connection answered a request it could be kept alive after.
+        let served = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let answered = served.clone();
         let svc = warp::service(filter);
         let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
             req.extensions_mut().insert(PeerAddr(peer));
@@ -478,9 +481,10 @@ impl Conn {
             let director = director.clone();
             let cell = cell.clone();
             let keepalive = keepalive.clone();
+            let answered = answered.clone();
             async move {
                 let mut resp = route(req, peer, &ctx, &mut svc, &director, &cell).await;
-                keepalive.decide(&mut resp);
+                keepalive.decide(&mut resp, &answered);
                 Ok::<_, Infallible>(resp)
             }
         });
@@ -500,7 +504,7 @@ impl Conn {
             }
             // Near the connection cap: no more requests on this connection (an upgrade in
             // progress still completes).
-            _ = crowding.begins() => {
+            _ = crowding.begins(&served) => {
                 conn.as_mut().graceful_shutdown();
                 let _ = conn.await;
             }

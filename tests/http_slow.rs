@@ -304,7 +304,8 @@ async fn keep_alive_is_declined_near_the_cap() {
     assert!(head.contains("connection: close"), "{head}");
     assert!(closed, "a crowded response kept its connection");
     // A WebSocket upgrade still upgrades (its 101 is never marked).
-    let phone = testkit::dial(&format!("ws://{addr}/v1/connect/host-1"), &[]).await;
+    let id = orca_relay::cell::testkit::HostIdentity::generate("crowded");
+    let phone = testkit::dial(&format!("ws://{addr}/v1/connect/{}", id.relay_host_id), &[]).await;
     assert!(
         phone.is_ok(),
         "upgrade refused while crowded: {:?}",

@@ -19,7 +19,7 @@ pub const BUSY_ANSWERS_MAX: usize = 64;
 pub const BUSY_ANSWER_MS: u64 = 2_000;
 /// Free serving slots (of [`HTTP_CONNECTIONS_MAX`]) below which the process keeps no connection
 /// alive: responses other than a `101` carry `Connection: close`, and connections open when this
-/// began close after their request in progress (counted in
+/// began that have answered a request close after their request in progress (counted in
 /// `orca_relay_http_keepalive_declined_total`). Idle keep-alive connections would otherwise hold
 /// slots a storm's upgrades need.
 pub const KEEPALIVE_FREE_MIN: usize = 256;
