@@ -12,6 +12,9 @@
 //!   cargo run --example roll_bench -- [--hosts 1000] [--cells 4] [--directors 2] [--on-drain leave|hold]
 //! ```
 //!
+//! `--kill-one` SIGKILLs the first cell instead and leaves it down (its hosts move once the
+//! director sees its heartbeat expire).
+//!
 //! (`cargo build` first: the bench runs `target/<profile>/orca-relay`, or `ORCA_RELAY_BIN`.)
 //! Prints hosts, moves, the longest and p99 time a host was without a grant (an activated
 //! control), refused assigns and control handshakes by cause, and the invariant sampler's
@@ -65,10 +68,61 @@ struct Args {
     /// Invariant sampler period (ms).
     #[arg(long, default_value = "100")]
     sample_ms: u64,
+    /// Instead of rolling: SIGKILL the first cell and leave it down; its hosts move to the others
+    /// once the director sees its heartbeat expire. Prints the time from the kill until every
+    /// host holds a control again.
+    #[arg(long)]
+    kill_one: bool,
 }
 
 const REGION: &str = "us-central1";
 const GOAL: Duration = Duration::from_secs(15);
+
+/// SIGKILLs the first cell (left down) and waits until every host holds a control again,
+/// printing how long that took and the per-host time without a control of the hosts it served.
+async fn kill_one(fleet: &Fleet, stats: &[Arc<Mutex<HostStats>>]) {
+    let victim = &fleet.cells[0];
+    let on_victim: Vec<_> = stats
+        .iter()
+        .filter(|s| s.lock().unwrap().last_cell() == Some(victim.url.as_str()))
+        .cloned()
+        .collect();
+    let killed = Instant::now();
+    {
+        let mut node = victim.node.lock().unwrap();
+        if let Some(mut child) = node.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+    println!(
+        "roll_bench: cell {} killed with SIGKILL (left down), {} hosts on it",
+        victim.id,
+        on_victim.len()
+    );
+    let back = || {
+        let stats = stats.to_vec();
+        async move { stats.iter().all(|s| s.lock().unwrap().connected) }
+    };
+    wait_until(
+        "every host back after the kill",
+        Duration::from_secs(240),
+        back,
+    )
+    .await;
+    let all_back = killed.elapsed();
+    let downs: Vec<Duration> = on_victim
+        .iter()
+        .filter_map(|s| s.lock().unwrap().downs.last().copied())
+        .collect();
+    println!(
+        "roll_bench: every host back {} ms after the kill; the killed cell's hosts without a control p50 {} ms, p99 {} ms, max {} ms",
+        all_back.as_millis(),
+        quantile(&downs, 0.5).as_millis(),
+        quantile(&downs, 0.99).as_millis(),
+        downs.iter().max().copied().unwrap_or_default().as_millis()
+    );
+}
 
 /// The value of `key=<n>` in a log line.
 fn field(line: &str, key: &str) -> Option<u64> {
@@ -288,14 +342,19 @@ async fn main() {
         sampler_stop.clone(),
     );
     let sup_stop = Arc::new(AtomicBool::new(false));
+    // A killed cell stays down: no supervisor restarts it.
     let sups: Vec<_> = fleet
         .cells
         .iter()
+        .skip(usize::from(a.kill_one))
         .map(|c| supervise(c.node.clone(), sup_stop.clone()))
         .collect();
     let rolls_started = Instant::now();
     let mut failed_rolls = 0;
-    for c in &fleet.cells {
+    if a.kill_one {
+        kill_one(&fleet, &stats).await;
+    }
+    for c in fleet.cells.iter().filter(|_| !a.kill_one) {
         let pid = c.node.lock().unwrap().pid().expect("cell running");
         let t0 = Instant::now();
         let (code, out) = admin_roll(&fleet.directors[0], &c.id, pid, &a).await;
@@ -344,12 +403,14 @@ async fn main() {
     let p99 = quantile(&downs, 0.99);
     let p50 = quantile(&downs, 0.50);
     let over_goal = downs.iter().filter(|d| **d > GOAL).count();
-    println!(
-        "roll_bench: {} cells rolled in {} ms ({} restarts, {failed_rolls} failed rolls)",
-        a.cells,
-        rolls.as_millis(),
-        restarts
-    );
+    if !a.kill_one {
+        println!(
+            "roll_bench: {} cells rolled in {} ms ({} restarts, {failed_rolls} failed rolls)",
+            a.cells,
+            rolls.as_millis(),
+            restarts
+        );
+    }
     println!(
         "roll_bench: hosts {}, moves {moves}, periods without a grant {}, p50 {} ms, p99 {} ms, longest {} ms, over 15 s: {over_goal}",
         a.hosts,
@@ -424,10 +485,12 @@ async fn main() {
             println!("  {n:>6}  {k}");
         }
     }
-    println!(
-        "roll_bench: goal (no host without a grant > 15 s): {}",
-        if longest <= GOAL { "met" } else { "MISSED" }
-    );
+    if !a.kill_one {
+        println!(
+            "roll_bench: goal (no host without a grant > 15 s): {}",
+            if longest <= GOAL { "met" } else { "MISSED" }
+        );
+    }
     fleet.stop();
     if !violations.is_empty() || seen.failed > 0 || !epochs_good || failed_rolls > 0 {
         std::process::exit(1);
