@@ -791,10 +791,11 @@ mod tests {
                     .send(held_when_drained(&mut io).await)
                     .await
                     .unwrap();
-                echo(&mut io, &mut buf, MB + 5).await;
+                echo(&mut io, &mut buf, MB).await;
                 let big: Vec<u8> = (0..BIG as u32).map(|i| (i % 253) as u8).collect();
                 io.write_all(&big).await.unwrap();
                 io.flush().await.unwrap();
+                echo(&mut io, &mut buf, 5).await;
                 idle_tx
                     .send(held_when_drained(&mut io).await)
                     .await
