@@ -3,7 +3,7 @@
 //!
 //! rustls' connection keeps, for as long as the connection lives, its record layer with boxed
 //! encrypter and decrypter (ring key schedules), its key schedule and what is left of the
-//! handshake: about 3.5 KiB per idle connection. After the handshake all a server needs is the two
+//! handshake: about 3.2 KiB of RSS per idle connection (`idle_bench --tls`). After the handshake all a server needs is the two
 //! application traffic secrets, the keys and IVs expanded from them and two sequence numbers;
 //! [`Keys13`] keeps only those (under 250 bytes, inline) and builds ring's AEAD keys when data
 //! flows, dropping them again when the connection is drained.

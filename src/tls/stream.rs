@@ -14,7 +14,7 @@
 //! schedule and handshake leftovers were most of an idle connection's cost) and the records are
 //! sealed and opened by [`Keys13`] (`super::record`), in place in the same vectors; ring's keys
 //! are dropped with the buffers, so a quiet TLS 1.3 connection holds the socket, two traffic
-//! secrets with their keys and IVs, and nothing on the heap. This needs the config prepared by
+//! secrets with their keys and IVs, and on the heap only the ALPN name. This needs the config prepared by
 //! [`record::enable`](super::record::enable); without it, and for TLS 1.2, rustls keeps the
 //! connection throughout.
 
@@ -47,7 +47,9 @@ const RECORD_OVERHEAD: usize = 64;
 /// it, so a peer that sends and never reads cannot grow `out` without bound.
 const OUT_BACKLOG: usize = 64 * 1024;
 
-/// Who seals and opens the records.
+/// Who seals and opens the records. The TLS 1.3 keys are inline on purpose: they are what every
+/// quiet connection keeps, and a box would add an allocation (and its header) to each.
+#[allow(clippy::large_enum_variant)]
 enum Engine {
     /// The handshake, and a TLS 1.2 connection (or one without secret extraction) throughout.
     Rustls(Box<UnbufferedServerConnection>),
