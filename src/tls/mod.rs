@@ -8,11 +8,13 @@
 //! Settings are validated once at start-up with the rest of the configuration (file reads happen
 //! there, before the runtime starts); [`server`] builds the acceptor and the reloader, [`acme`]
 //! obtains and renews certificates, [`client`] builds the one HTTPS client cluster traffic uses,
-//! [`stream`] is an accepted connection (rustls' unbuffered API: nothing buffered while idle).
+//! [`stream`] is an accepted connection (rustls' unbuffered API: nothing buffered while idle),
+//! [`record`] the TLS 1.3 record layer it runs after the handshake (no rustls state while idle).
 
 pub mod acme;
 pub mod certs;
 pub mod client;
+pub mod record;
 pub mod server;
 pub mod stream;
 

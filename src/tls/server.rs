@@ -68,6 +68,8 @@ impl Tls {
         if let Ok(t) = rustls::crypto::ring::Ticketer::new() {
             config.ticketer = t;
         }
+        // TLS 1.3 connections run on our own record layer after the handshake (tls::record).
+        super::record::enable(&mut config);
         Ok(Tls {
             config: Arc::new(config),
             resolver,

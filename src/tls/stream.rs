@@ -1,15 +1,22 @@
-//! An accepted TLS connection that holds no buffer while it is quiet.
+//! An accepted TLS connection that holds no buffer while it is quiet, and after a TLS 1.3
+//! handshake no rustls state either.
 //!
 //! rustls' buffered connection (and tokio-rustls over it) keeps a 4 KiB receive buffer per
-//! connection for as long as the connection lives, which is most of what an idle TLS WebSocket
-//! costs. [`TlsIo`] drives rustls' unbuffered connection instead: the ciphertext read, the
-//! plaintext not yet handed to the reader and the ciphertext not yet written are this type's own
-//! vectors. A busy connection keeps them (a buffer per socket read or write would be an
-//! allocation, and for the write side a zero-fill, per record); they are freed together once a
-//! read finds the socket drained with nothing left in them, so a quiet connection holds only
-//! rustls' session state (its traffic keys) and the socket. Decrypted records go straight into
-//! the reader's buffer when it has room. The protocol (versions, suites, certificate, ALPN,
-//! tickets) is rustls' own, configured by the same `ServerConfig` as before.
+//! connection for as long as the connection lives. [`TlsIo`] drives rustls' unbuffered connection
+//! instead: the ciphertext read, the plaintext not yet handed to the reader and the ciphertext not
+//! yet written are this type's own vectors. A busy connection keeps them (a buffer per socket read
+//! or write would be an allocation, and for the write side a zero-fill, per record); they are
+//! freed together once a read finds the socket drained with nothing left in them. Decrypted
+//! records go straight into the reader's buffer when it has room. The handshake (versions, suites,
+//! certificate, ALPN, tickets) is rustls' own, configured by the same `ServerConfig` as before.
+//!
+//! Once a TLS 1.3 handshake is done the rustls connection is dropped (its record layer, key
+//! schedule and handshake leftovers were most of an idle connection's cost) and the records are
+//! sealed and opened by [`Keys13`] (`super::record`), in place in the same vectors; ring's keys
+//! are dropped with the buffers, so a quiet TLS 1.3 connection holds the socket, two traffic
+//! secrets with their keys and IVs, and on the heap only the ALPN name. This needs the config prepared by
+//! [`record::enable`](super::record::enable); without it, and for TLS 1.2, rustls keeps the
+//! connection throughout.
 
 use std::io;
 use std::pin::Pin;
@@ -20,9 +27,11 @@ use rustls::server::{ServerConnectionData, UnbufferedServerConnection};
 use rustls::unbuffered::{
     ConnectionState, EncodeError, EncryptError, UnbufferedStatus, WriteTraffic,
 };
-use rustls::ServerConfig;
+use rustls::{AlertDescription, ProtocolVersion, ServerConfig};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+
+use super::record::{Caught, Keys13, Opened};
 
 /// Spare room made for a socket read while the connection is busy: two full TLS records (16 KiB of
 /// payload plus overhead each), so a stream of full records is not read a part-record at a time.
@@ -34,11 +43,28 @@ const INCOMING_MAX: usize = 80 * 1024;
 const WRITE_CHUNK: usize = 64 * 1024;
 /// Ciphertext added per record (header, content type, tag, TLS 1.2 explicit nonce), with room.
 const RECORD_OVERHEAD: usize = 64;
+/// Ciphertext owed to the peer (KeyUpdate answers) past which reads wait for the socket to take
+/// it, so a peer that sends and never reads cannot grow `out` without bound.
+const OUT_BACKLOG: usize = 64 * 1024;
+
+/// Who seals and opens the records. The TLS 1.3 keys are inline on purpose: they are what every
+/// quiet connection keeps, and a box would add an allocation (and its header) to each.
+#[allow(clippy::large_enum_variant)]
+enum Engine {
+    /// The handshake, and a TLS 1.2 connection (or one without secret extraction) throughout.
+    Rustls(Box<UnbufferedServerConnection>),
+    /// A TLS 1.3 connection after its handshake (module docs).
+    Tls13(Keys13),
+    /// A fatal error was met (its alert sent): every later read or write fails.
+    Broken,
+}
 
 /// A server-side TLS stream over an accepted TCP connection (see the module docs).
 pub struct TlsIo {
     tcp: TcpStream,
-    conn: UnbufferedServerConnection,
+    engine: Engine,
+    /// The ALPN protocol agreed (kept when rustls' connection is dropped).
+    alpn: Option<Box<[u8]>>,
     /// Ciphertext read from the socket, not yet processed: `incoming[in_at..]`. Processed
     /// records are skipped by moving `in_at`; the partial record after them is moved to the
     /// front only when a read needs the room (not after every record).
@@ -80,6 +106,13 @@ enum Driven {
 
 fn tls_err(e: rustls::Error) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+fn broken() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        "tls: the connection failed earlier",
+    )
 }
 
 /// Appends what `f` writes to `out` at `*end`, growing the initialised area to the size `f` asks
@@ -173,10 +206,11 @@ impl TlsIo {
     /// carrying the `rustls::Error` (an alert the handshake owes the peer is sent first); EOF
     /// before the handshake completes is `UnexpectedEof`.
     pub async fn accept(tcp: TcpStream, config: Arc<ServerConfig>) -> io::Result<TlsIo> {
-        let conn = UnbufferedServerConnection::new(config).map_err(tls_err)?;
+        let conn = UnbufferedServerConnection::new(config.clone()).map_err(tls_err)?;
         let mut io = TlsIo {
             tcp,
-            conn,
+            engine: Engine::Rustls(Box::new(conn)),
+            alpn: None,
             incoming: Vec::new(),
             in_at: 0,
             plain: Vec::new(),
@@ -188,18 +222,46 @@ impl TlsIo {
             truncated: false,
             close_sent: false,
         };
-        std::future::poll_fn(|cx| io.poll_handshake(cx)).await?;
+        let mut caught = Caught::default();
+        std::future::poll_fn(|cx| io.poll_handshake(cx, &mut caught)).await?;
+        io.after_handshake(&config, &caught)?;
         Ok(io)
     }
 
     /// The ALPN protocol agreed in the handshake.
     pub fn alpn_protocol(&self) -> Option<&[u8]> {
-        self.conn.alpn_protocol()
+        self.alpn.as_deref()
     }
 
-    fn poll_handshake(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    /// Keeps the ALPN protocol, and hands a TLS 1.3 connection to [`Keys13`] when the config
+    /// allows (see [`record::enable`](super::record::enable)).
+    fn after_handshake(&mut self, config: &ServerConfig, caught: &Caught) -> io::Result<()> {
+        let Engine::Rustls(conn) = &self.engine else {
+            return Err(broken());
+        };
+        self.alpn = conn.alpn_protocol().map(Box::from);
+        if !config.enable_secret_extraction
+            || conn.protocol_version() != Some(ProtocolVersion::TLSv1_3)
+        {
+            return Ok(());
+        }
+        let Engine::Rustls(conn) = std::mem::replace(&mut self.engine, Engine::Broken) else {
+            unreachable!("checked above");
+        };
+        let (secrets, kernel) = conn.dangerous_into_kernel_connection().map_err(tls_err)?;
+        self.engine = Engine::Tls13(Keys13::new(secrets, kernel, caught).map_err(tls_err)?);
+        Ok(())
+    }
+
+    fn poll_handshake(
+        &mut self,
+        cx: &mut Context<'_>,
+        caught: &mut Caught,
+    ) -> Poll<io::Result<()>> {
         loop {
             let driven = self.drive(Act::Nothing, None);
+            // rustls computed the traffic secrets (if it did) in that call, on this thread.
+            caught.take_logged();
             if let Err(e) = driven {
                 // The alert rustls queued with the error is encoded by one more round.
                 let _ = self.drive(Act::Nothing, None);
@@ -208,7 +270,7 @@ impl TlsIo {
             }
             let flushed = self.poll_write_out(cx)?;
             match driven {
-                Ok(Driven::Open(_)) if !self.conn.is_handshaking() => {
+                Ok(Driven::Open(_)) if !self.handshaking() => {
                     ready!(flushed);
                     return Poll::Ready(Ok(()));
                 }
@@ -222,18 +284,24 @@ impl TlsIo {
         }
     }
 
+    fn handshaking(&self) -> bool {
+        matches!(&self.engine, Engine::Rustls(c) if c.is_handshaking())
+    }
+
     /// Processes every complete record received, queues what rustls has to send into `out`, and
-    /// performs `act` once application data may flow. Plaintext goes to `sink` while it has room
-    /// (see [`deliver`]), the rest to `plain`.
+    /// performs `act` once application data may flow (rustls' engine only). Plaintext goes to
+    /// `sink` while it has room (see [`deliver`]), the rest to `plain`.
     fn drive(
         &mut self,
         act: Act<'_>,
         mut sink: Option<&mut ReadBuf<'_>>,
     ) -> Result<Driven, rustls::Error> {
+        let Engine::Rustls(conn) = &mut self.engine else {
+            return Err(rustls::Error::General("tls: not rustls' connection".into()));
+        };
         loop {
-            let UnbufferedStatus { discard, state } = self
-                .conn
-                .process_tls_records(&mut self.incoming[self.in_at..]);
+            let UnbufferedStatus { discard, state } =
+                conn.process_tls_records(&mut self.incoming[self.in_at..]);
             let stop = match state? {
                 ConnectionState::ReadTraffic(mut r) => {
                     while let Some(rec) = r.next_record() {
@@ -320,19 +388,93 @@ impl TlsIo {
         }
     }
 
-    /// Frees each buffer that holds nothing (the socket has nothing more to read for now).
+    /// Frees each buffer that holds nothing (the socket has nothing more to read for now), and
+    /// ring's keys once all three are free (built again when data flows: an AES key schedule per
+    /// direction is hundreds of bytes).
     fn release_drained(&mut self) {
+        let mut free = 0;
         if self.incoming.is_empty() {
             self.incoming = Vec::new();
+            free += 1;
         }
         if self.plain_at >= self.plain.len() {
             self.plain = Vec::new();
             self.plain_at = 0;
+            free += 1;
         }
         if self.out_at >= self.out_end {
             self.out = Vec::new();
             self.out_at = 0;
             self.out_end = 0;
+            free += 1;
+        }
+        if let (Engine::Tls13(keys), 3) = (&mut self.engine, free) {
+            keys.release();
+        }
+    }
+
+    /// Processes the records received: rustls' engine, or [`TlsIo::open_records`].
+    fn receive(&mut self, sink: Option<&mut ReadBuf<'_>>) -> io::Result<()> {
+        match &self.engine {
+            Engine::Rustls(_) => {
+                if self.drive(Act::Nothing, sink).map_err(tls_err)? == Driven::Closed {
+                    self.peer_closed = true;
+                }
+                Ok(())
+            }
+            Engine::Tls13(_) => self.open_records(sink),
+            Engine::Broken => Err(broken()),
+        }
+    }
+
+    /// Opens every complete record received, in place in `incoming`; queues the KeyUpdate the
+    /// peer asked for. A refusal queues its alert, breaks the connection and is the error.
+    fn open_records(&mut self, mut sink: Option<&mut ReadBuf<'_>>) -> io::Result<()> {
+        let Engine::Tls13(keys) = &mut self.engine else {
+            return Err(broken());
+        };
+        let result = loop {
+            let at = self.in_at;
+            match keys.open(&mut self.incoming[at..]) {
+                Ok(None) => break Ok(()),
+                Ok(Some((used, opened))) => {
+                    self.in_at += used;
+                    match opened {
+                        Opened::Data(start, end) => deliver(
+                            &self.incoming[at + start..at + end],
+                            &mut self.plain,
+                            sink.as_deref_mut(),
+                        ),
+                        Opened::KeyUpdate => {}
+                        Opened::CloseNotify => {
+                            // Whatever follows a close_notify is ignored.
+                            self.peer_closed = true;
+                            self.in_at = self.incoming.len();
+                            break Ok(());
+                        }
+                    }
+                }
+                Err(f) => break Err(f),
+            }
+        };
+        if self.in_at == self.incoming.len() {
+            self.incoming.clear();
+            self.in_at = 0;
+        }
+        match result {
+            // Nothing goes after our close_notify, not even a KeyUpdate.
+            Ok(()) if self.close_sent => Ok(()),
+            Ok(()) => keys
+                .send_update_if_due(&mut self.out, &mut self.out_end)
+                .map_err(tls_err),
+            Err(f) => {
+                if let (Some(alert), false) = (f.alert, self.close_sent) {
+                    let _ = keys.seal_alert(alert, &mut self.out, &mut self.out_end);
+                }
+                self.close_sent = true;
+                self.engine = Engine::Broken;
+                Err(tls_err(f.error))
+            }
         }
     }
 
@@ -386,14 +528,20 @@ impl AsyncRead for TlsIo {
                 )));
             }
             let before = buf.filled().len();
-            if this.drive(Act::Nothing, Some(buf)).map_err(tls_err)? == Driven::Closed {
-                this.peer_closed = true;
+            if let Err(e) = this.receive(Some(buf)) {
+                // The alert owed, if the socket takes it.
+                let _ = this.poll_write_out(cx);
+                return Poll::Ready(Err(e));
             }
             let delivered = buf.filled().len() > before;
-            // What rustls owes the peer (a key update, an alert) goes out with the reads; if the
+            // What is owed the peer (a key update, an alert) goes out with the reads; if the
             // socket is full, its write readiness wakes this task.
-            if let Poll::Ready(Err(e)) = this.poll_write_out(cx) {
-                return Poll::Ready(Err(e));
+            match this.poll_write_out(cx) {
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending if !delivered && this.out_end - this.out_at > OUT_BACKLOG => {
+                    return Poll::Pending
+                }
+                _ => {}
             }
             if delivered {
                 return Poll::Ready(Ok(()));
@@ -420,7 +568,17 @@ impl AsyncWrite for TlsIo {
             return Poll::Ready(Ok(0));
         }
         let take = &data[..data.len().min(WRITE_CHUNK)];
-        match this.drive(Act::Write(take), None).map_err(tls_err)? {
+        let driven = match &mut this.engine {
+            Engine::Rustls(_) => this.drive(Act::Write(take), None).map_err(tls_err)?,
+            Engine::Tls13(_) if this.close_sent => Driven::Closed,
+            Engine::Tls13(keys) => {
+                keys.seal_data(take, &mut this.out, &mut this.out_end)
+                    .map_err(tls_err)?;
+                Driven::Open(take.len())
+            }
+            Engine::Broken => return Poll::Ready(Err(broken())),
+        };
+        match driven {
             Driven::Open(n) => {
                 // Sent now if the socket takes it; otherwise before the next write or on flush.
                 if let Poll::Ready(Err(e)) = this.poll_write_out(cx) {
@@ -444,7 +602,17 @@ impl AsyncWrite for TlsIo {
         let this = self.get_mut();
         if !this.close_sent {
             // Best effort, as a close on a broken connection: the socket is shut down either way.
-            if this.drive(Act::Close, None).is_err() {
+            let sent = match &mut this.engine {
+                Engine::Rustls(_) => this.drive(Act::Close, None).map(|_| ()),
+                Engine::Tls13(keys) => keys.seal_alert(
+                    AlertDescription::CloseNotify,
+                    &mut this.out,
+                    &mut this.out_end,
+                ),
+                Engine::Broken => Ok(()),
+            };
+            // rustls' engine marks the close sent itself.
+            if sent.is_err() || !matches!(this.engine, Engine::Rustls(_)) {
                 this.close_sent = true;
             }
         }
@@ -467,6 +635,17 @@ mod tests {
         versions: &[&'static rustls::SupportedProtocolVersion],
         alpn: &[u8],
     ) -> (Arc<ServerConfig>, Arc<rustls::ClientConfig>) {
+        configs_with(versions, alpn, None, true)
+    }
+
+    /// [`configs`] with the client offering only `suite` (if given), and the server catching the
+    /// traffic secrets (`capture`) or only extracting keys (so a `KernelConnection` is kept).
+    fn configs_with(
+        versions: &[&'static rustls::SupportedProtocolVersion],
+        alpn: &[u8],
+        suite: Option<rustls::SupportedCipherSuite>,
+        capture: bool,
+    ) -> (Arc<ServerConfig>, Arc<rustls::ClientConfig>) {
         let ca_key = KeyPair::generate().unwrap();
         let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -488,11 +667,20 @@ mod tests {
             )
             .unwrap();
         server.alpn_protocols = vec![b"http/1.1".to_vec()];
+        if capture {
+            crate::tls::record::enable(&mut server);
+        } else {
+            server.enable_secret_extraction = true;
+        }
         let mut roots = rustls::RootCertStore::empty();
         roots
             .add(CertificateDer::from(ca_cert.der().to_vec()))
             .unwrap();
-        let mut client = rustls::ClientConfig::builder_with_provider(provider)
+        let mut client_provider = (*provider).clone();
+        if let Some(suite) = suite {
+            client_provider.cipher_suites = vec![suite];
+        }
+        let mut client = rustls::ClientConfig::builder_with_provider(Arc::new(client_provider))
             .with_protocol_versions(versions)
             .unwrap()
             .with_root_certificates(roots)
@@ -520,8 +708,20 @@ mod tests {
         assert_eq!(&back, b"ping!");
     }
 
+    /// Buffer bytes held, plus one if ring's keys are built.
     fn held(io: &TlsIo) -> usize {
-        io.incoming.capacity() + io.plain.capacity() + io.out.capacity()
+        let keys = matches!(&io.engine, Engine::Tls13(k) if k.holds_aead());
+        io.incoming.capacity() + io.plain.capacity() + io.out.capacity() + usize::from(keys)
+    }
+
+    /// Which engine runs the connection: "rustls", "tls13" (own secrets) or "kernel".
+    fn engine(io: &TlsIo) -> &'static str {
+        match &io.engine {
+            Engine::Rustls(_) => "rustls",
+            Engine::Tls13(k) if k.uses_kernel() => "kernel",
+            Engine::Tls13(_) => "tls13",
+            Engine::Broken => "broken",
+        }
     }
 
     /// Echoes until `total` bytes have come back.
@@ -548,14 +748,36 @@ mod tests {
         .await
     }
 
-    /// A ping, a megabyte each way in uneven writes and a ping through the real socket, on TLS 1.3
-    /// and 1.2: while busy the connection keeps its buffers, once a read finds the socket drained
-    /// (the client waiting) it holds none, and close_notify ends each side's reads cleanly.
+    /// A ping, a megabyte each way in small then uneven writes, 200 kB the server sends in one
+    /// write, and a ping through the real socket, on TLS 1.3 with each suite (our record layer)
+    /// and on TLS 1.2 (rustls): while busy the connection keeps its buffers, once a read finds the
+    /// socket drained (the client waiting) it holds neither buffers nor ring's keys, and
+    /// close_notify ends each side's reads cleanly.
     #[tokio::test]
     async fn echoes_both_ways_holds_nothing_idle_and_closes_cleanly() {
+        use rustls::crypto::ring::cipher_suite as cs;
         const MB: usize = 1_000_000;
-        for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
-            let (server, client) = configs(&[version], b"http/1.1");
+        const BIG: usize = 200_000;
+        let cases = [
+            (
+                &rustls::version::TLS13,
+                Some(cs::TLS13_AES_128_GCM_SHA256),
+                "tls13",
+            ),
+            (
+                &rustls::version::TLS13,
+                Some(cs::TLS13_AES_256_GCM_SHA384),
+                "tls13",
+            ),
+            (
+                &rustls::version::TLS13,
+                Some(cs::TLS13_CHACHA20_POLY1305_SHA256),
+                "tls13",
+            ),
+            (&rustls::version::TLS12, None, "rustls"),
+        ];
+        for (version, suite, want_engine) in cases {
+            let (server, client) = configs_with(&[version], b"http/1.1", suite, true);
             let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap();
             let (idle_tx, mut idle_rx) = tokio::sync::mpsc::channel::<usize>(2);
@@ -563,6 +785,7 @@ mod tests {
                 let (tcp, _) = listener.accept().await.unwrap();
                 let mut io = TlsIo::accept(tcp, server).await.unwrap();
                 assert_eq!(io.alpn_protocol(), Some(&b"http/1.1"[..]));
+                assert_eq!(engine(&io), want_engine);
                 let mut buf = vec![0u8; 7_000];
                 echo(&mut io, &mut buf, 5).await;
                 let busy = held(&io);
@@ -570,7 +793,11 @@ mod tests {
                     .send(held_when_drained(&mut io).await)
                     .await
                     .unwrap();
-                echo(&mut io, &mut buf, MB + 5).await;
+                echo(&mut io, &mut buf, MB).await;
+                let big: Vec<u8> = (0..BIG as u32).map(|i| (i % 253) as u8).collect();
+                io.write_all(&big).await.unwrap();
+                io.flush().await.unwrap();
+                echo(&mut io, &mut buf, 5).await;
                 idle_tx
                     .send(held_when_drained(&mut io).await)
                     .await
@@ -591,7 +818,18 @@ mod tests {
             let sender = {
                 let data = data.clone();
                 tokio::spawn(async move {
-                    for chunk in data.chunks(40_001) {
+                    // Small writes (a record each) first, then large ones.
+                    let (small, large) = data.split_at(30_000);
+                    let mut rest = small;
+                    let mut size = 1;
+                    while !rest.is_empty() {
+                        let n = size.min(rest.len());
+                        w.write_all(&rest[..n]).await.unwrap();
+                        w.flush().await.unwrap();
+                        rest = &rest[n..];
+                        size = size % 97 + 1;
+                    }
+                    for chunk in large.chunks(40_001) {
                         w.write_all(chunk).await.unwrap();
                     }
                     w.flush().await.unwrap();
@@ -600,7 +838,13 @@ mod tests {
             };
             let mut back = vec![0u8; data.len()];
             r.read_exact(&mut back).await.unwrap();
-            assert!(back == data, "echo differs ({version:?})");
+            assert!(back == data, "echo differs ({version:?} {suite:?})");
+            let mut big = vec![0u8; BIG];
+            r.read_exact(&mut big).await.unwrap();
+            assert!(
+                big.iter().enumerate().all(|(i, &b)| b == (i % 253) as u8),
+                "one large write differs ({suite:?})"
+            );
             let w = sender.await.unwrap();
             c = r.unsplit(w);
             ping(&mut c).await;
@@ -611,6 +855,202 @@ mod tests {
             let busy = echo.await.unwrap();
             assert!(busy > 0, "a busy connection keeps its send buffer");
         }
+    }
+
+    /// Sends `n` bytes from the client while the server echoes, and reads them back.
+    async fn round(c: &mut tokio_rustls::client::TlsStream<TcpStream>, n: usize, seed: u8) {
+        let data: Vec<u8> = (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect();
+        c.write_all(&data).await.unwrap();
+        c.flush().await.unwrap();
+        let mut back = vec![0u8; n];
+        c.read_exact(&mut back).await.unwrap();
+        assert!(back == data, "echo differs after a key update");
+    }
+
+    /// An echo server for `rounds` bytes in all; `setup` runs on the connection after accept.
+    fn echo_server(
+        listener: TcpListener,
+        server: Arc<ServerConfig>,
+        total: usize,
+        setup: impl FnOnce(&mut TlsIo) + Send + 'static,
+    ) -> tokio::task::JoinHandle<&'static str> {
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut io = TlsIo::accept(tcp, server).await.unwrap();
+            setup(&mut io);
+            let kind = engine(&io);
+            let mut buf = vec![0u8; 9_000];
+            echo(&mut io, &mut buf, total).await;
+            assert_eq!(io.read(&mut buf).await.unwrap(), 0, "close_notify");
+            io.shutdown().await.unwrap();
+            kind
+        })
+    }
+
+    /// The client updates its keys (asking for ours to be updated too) between writes and with
+    /// its own data still in flight; data keeps flowing both ways. Both with the secrets caught
+    /// and with rustls' `KernelConnection` computing them.
+    #[tokio::test]
+    async fn client_key_updates_keep_data_flowing() {
+        for (capture, want) in [(true, "tls13"), (false, "kernel")] {
+            let (server, client) =
+                configs_with(&[&rustls::version::TLS13], b"http/1.1", None, capture);
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let total = 5 + 100_000 + 5 + 3 * 20_000;
+            let srv = echo_server(listener, server, total, |_| {});
+            let mut c = connect(client, addr).await.unwrap();
+            ping(&mut c).await;
+            // Half written, keys updated, the other half written: then all of it read back.
+            let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+            c.write_all(&data[..50_000]).await.unwrap();
+            c.flush().await.unwrap();
+            c.get_mut().1.refresh_traffic_keys().unwrap();
+            c.write_all(&data[50_000..]).await.unwrap();
+            c.flush().await.unwrap();
+            let mut back = vec![0u8; data.len()];
+            c.read_exact(&mut back).await.unwrap();
+            assert!(back == data, "echo differs across the key update");
+            ping(&mut c).await;
+            for seed in 0..3 {
+                c.get_mut().1.refresh_traffic_keys().unwrap();
+                round(&mut c, 20_000, seed).await;
+            }
+            c.shutdown().await.unwrap();
+            let mut rest = Vec::new();
+            assert_eq!(c.read_to_end(&mut rest).await.unwrap(), 0, "clean end");
+            assert_eq!(srv.await.unwrap(), want);
+        }
+    }
+
+    /// Past its send limit the server updates its own keys (a KeyUpdate before the next record),
+    /// again and again; the rustls client follows.
+    #[tokio::test]
+    async fn server_updates_its_keys_at_the_send_limit() {
+        let (server, client) = configs(&[&rustls::version::TLS13], b"http/1.1");
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let srv = echo_server(listener, server, 10 * 30_000, |io| {
+            let Engine::Tls13(keys) = &mut io.engine else {
+                panic!("not on our record layer")
+            };
+            keys.set_send_limit(3);
+        });
+        let mut c = connect(client, addr).await.unwrap();
+        for seed in 0..10 {
+            round(&mut c, 30_000, seed).await;
+        }
+        c.shutdown().await.unwrap();
+        let mut rest = Vec::new();
+        assert_eq!(c.read_to_end(&mut rest).await.unwrap(), 0, "clean end");
+        assert_eq!(srv.await.unwrap(), "tls13");
+    }
+
+    /// After the handshake the client's socket carries `wire` (built from the client's
+    /// connection by `make`); the server's read fails with `server_err` and the client receives
+    /// `alert`.
+    async fn refused_record(
+        make: impl FnOnce(&mut rustls::ClientConnection) -> Vec<u8>,
+        server_err: rustls::Error,
+        alert: AlertDescription,
+    ) {
+        let (server, client) = configs(&[&rustls::version::TLS13], b"http/1.1");
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let srv = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut io = TlsIo::accept(tcp, server).await.unwrap();
+            let mut buf = [0u8; 64];
+            let e = io.read(&mut buf).await.expect_err("refused");
+            let again = io.read(&mut buf).await.expect_err("stays refused");
+            assert_eq!(again.kind(), io::ErrorKind::InvalidData);
+            let w = io.write(b"x").await;
+            assert!(w.is_err(), "no writes after a refusal");
+            // Kept open until the client has read the alert: closing with unread bytes would
+            // reset the connection and could drop it.
+            (e, io)
+        });
+        let c = connect(client, addr).await.unwrap();
+        let (mut tcp, mut conn) = c.into_inner();
+        let wire = make(&mut conn);
+        tcp.write_all(&wire).await.unwrap();
+        // The server's records (tickets, then the alert) until rustls reports the alert.
+        let mut got = None;
+        let mut buf = vec![0u8; 8_192];
+        while got.is_none() {
+            let n = tcp.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed without an alert");
+            let mut rd = &buf[..n];
+            while !rd.is_empty() {
+                conn.read_tls(&mut rd).unwrap();
+                if let Err(e) = conn.process_new_packets() {
+                    got = Some(e);
+                    break;
+                }
+            }
+        }
+        assert_eq!(got, Some(rustls::Error::AlertReceived(alert)));
+        let (e, _io) = srv.await.unwrap();
+        let inner = e.get_ref().and_then(|x| x.downcast_ref::<rustls::Error>());
+        assert_eq!(inner, Some(&server_err), "{e}");
+    }
+
+    #[tokio::test]
+    async fn corrupt_ciphertext_is_refused_with_bad_record_mac() {
+        let corrupt = |conn: &mut rustls::ClientConnection| {
+            use std::io::Write;
+            conn.writer().write_all(b"hello").unwrap();
+            let mut wire = Vec::new();
+            conn.write_tls(&mut wire).unwrap();
+            let last = wire.len() - 1;
+            wire[last] ^= 0x40;
+            wire
+        };
+        refused_record(
+            corrupt,
+            rustls::Error::DecryptError,
+            AlertDescription::BadRecordMac,
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn oversized_record_is_refused_with_record_overflow() {
+        let oversized = |_: &mut rustls::ClientConnection| {
+            let len = 16_384 + 256 + 1;
+            let mut wire = vec![23, 3, 3, (len >> 8) as u8, len as u8];
+            wire.resize(5 + len, 0);
+            wire
+        };
+        refused_record(
+            oversized,
+            rustls::Error::InvalidMessage(rustls::InvalidMessage::MessageTooLarge),
+            AlertDescription::RecordOverflow,
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn change_cipher_spec_after_the_handshake_is_unexpected() {
+        refused_record(
+            |_| vec![20, 3, 3, 0, 1, 1],
+            rustls::Error::InappropriateMessage {
+                expect_types: vec![rustls::ContentType::ApplicationData],
+                got_type: rustls::ContentType::ChangeCipherSpec,
+            },
+            AlertDescription::UnexpectedMessage,
+        )
+        .await;
+    }
+
+    /// What an idle TLS 1.3 connection is made of stays small (the socket, the keys, the empty
+    /// buffers).
+    #[test]
+    fn the_connection_itself_is_small() {
+        let size = std::mem::size_of::<TlsIo>();
+        let rustls = std::mem::size_of::<UnbufferedServerConnection>();
+        eprintln!("TlsIo {size} bytes; rustls' UnbufferedServerConnection {rustls} bytes inline");
+        assert!(size <= 512, "{size} bytes");
     }
 
     /// A refused handshake sends rustls' alert before closing, and the error carries the reason.
