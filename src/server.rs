@@ -416,7 +416,6 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
-        keepalive.refresh();
         let conn = Conn {
             ctx: ctx.clone(),
             filter: filter.clone(),
@@ -427,7 +426,7 @@ async fn accept_loop(
         };
         let tls = tls.clone();
         http.spawn(async move {
-            let keepalive = conn.keepalive.clone();
+            let _slot = slot;
             // The handshake runs in the connection's task (never in the accept loop); after it,
             // plain and TLS connections share one code path.
             match tls {
@@ -438,8 +437,6 @@ async fn accept_loop(
                     }
                 }
             }
-            drop(slot);
-            keepalive.refresh();
         });
     }
 }
@@ -469,10 +466,6 @@ impl Conn {
             keepalive,
         } = self;
         let shutdown = ctx.shutdown.clone();
-        let mut crowding = keepalive.watch();
-        // Set once the connection answered a request it could be kept alive after.
-        let served = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let answered = served.clone();
         let svc = warp::service(filter);
         let service = hyper::service::service_fn(move |mut req: http::Request<Incoming>| {
             req.extensions_mut().insert(PeerAddr(peer));
@@ -481,10 +474,9 @@ impl Conn {
             let director = director.clone();
             let cell = cell.clone();
             let keepalive = keepalive.clone();
-            let answered = answered.clone();
             async move {
                 let mut resp = route(req, peer, &ctx, &mut svc, &director, &cell).await;
-                keepalive.decide(&mut resp, &answered);
+                keepalive.decide(&mut resp);
                 Ok::<_, Infallible>(resp)
             }
         });
@@ -499,12 +491,6 @@ impl Conn {
         tokio::select! {
             _ = conn.as_mut() => {}
             _ = shutdown.cancelled() => {
-                conn.as_mut().graceful_shutdown();
-                let _ = conn.await;
-            }
-            // Near the connection cap: no more requests on this connection (an upgrade in
-            // progress still completes).
-            _ = crowding.begins(&served) => {
                 conn.as_mut().graceful_shutdown();
                 let _ = conn.await;
             }

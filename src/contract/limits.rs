@@ -18,8 +18,7 @@ pub const BUSY_ANSWERS_MAX: usize = 64;
 /// Time allowed for one such answer, TLS handshake included.
 pub const BUSY_ANSWER_MS: u64 = 2_000;
 /// Free serving slots (of [`HTTP_CONNECTIONS_MAX`]) below which the process keeps no connection
-/// alive: responses other than a `101` carry `Connection: close`, and connections open when this
-/// began that have answered a request close after their request in progress (counted in
+/// alive: responses other than a `101` carry `Connection: close` (counted in
 /// `orca_relay_http_keepalive_declined_total`). Idle keep-alive connections would otherwise hold
 /// slots a storm's upgrades need.
 pub const KEEPALIVE_FREE_MIN: usize = 256;
