@@ -240,7 +240,7 @@ impl Shared {
     /// `retry_after`: `None` = not an HTTP refusal (no header expected), `Some(None)` = an HTTP
     /// refusal without the header.
     fn refuse(&self, cause: String, retry_after: Option<Option<u64>>) {
-        if !self.ready.load(Ordering::SeqCst) && cause.ends_with("transport") {
+        if !self.ready.load(Ordering::SeqCst) && cause.contains(" transport") {
             self.down_errors.fetch_add(1, Ordering::Relaxed);
             return;
         }
@@ -302,8 +302,17 @@ async fn post(
                 retry_after: Some(ra),
             })
         }
-        Err(_) => Err(Refused {
-            cause: format!("{what} transport"),
+        Err(e) => Err(Refused {
+            cause: format!(
+                "{what} transport ({})",
+                if e.is_timeout() {
+                    "no answer within the client's timeout"
+                } else if e.is_connect() {
+                    "connect"
+                } else {
+                    "connection closed or reset"
+                }
+            ),
             retry_after: None,
         }),
     }
@@ -322,8 +331,10 @@ fn dial_refusal(what: &str, e: &str) -> Refused {
             retry_after: Some(ra),
         };
     }
+    // The error's text without numbers (ports, os error codes), so the report groups by kind.
+    let kind: String = e.chars().filter(|c| !c.is_ascii_digit()).take(60).collect();
     Refused {
-        cause: format!("{what} transport"),
+        cause: format!("{what} transport ({kind})"),
         retry_after: None,
     }
 }
@@ -869,6 +880,8 @@ async fn relay_counters(public: &str) {
     for l in text.lines().filter(|l| {
         l.starts_with("orca_relay_http_connections_refused_total")
             || l.starts_with("orca_relay_sticky_batch_hosts_total")
+            || l.starts_with("orca_relay_http_keepalive_declined_total")
+            || (l.starts_with("orca_relay_tls_handshake_failures_total") && !l.ends_with(" 0"))
             || l.starts_with("orca_relay_admission_rejections_total")
             || (l.starts_with("orca_relay_assignments_total") && !l.ends_with(" 0"))
     }) {
