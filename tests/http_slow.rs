@@ -96,6 +96,37 @@ async fn slow_bodies_are_cut_off_and_pairing_still_works() {
     s.running.shutdown().await;
 }
 
+/// [`enough_fds`], or `false` with a note that the test skips (never in CI, where it fails).
+fn enough_fds_or_skip(need: u64) -> bool {
+    if enough_fds(need) {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "open-file limit below {need}"
+    );
+    eprintln!("skipping: open-file limit below {need}");
+    false
+}
+
+/// The value of the metric line `series` (name and labels) on the node at `addr`.
+async fn metric(addr: SocketAddr, series: &str) -> u64 {
+    let text = reqwest::Client::new()
+        .get(format!("http://{addr}/metrics"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("{series} missing: {}", &text[..text.len().min(300)]))
+        .parse()
+        .unwrap()
+}
+
 /// Raises the soft open-file limit to the hard one; `false` if that is still too low.
 fn enough_fds(need: u64) -> bool {
     unsafe {
@@ -141,12 +172,7 @@ fn assert_busy(got: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_connections_are_bounded() {
     let need = ((HTTP_CONNECTIONS_MAX + BUSY_ANSWERS_MAX) as u64 + 200) * 2 + 200;
-    if !enough_fds(need) {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "open-file limit below {need}"
-        );
-        eprintln!("skipping: open-file limit below {need}");
+    if !enough_fds_or_skip(need) {
         return;
     }
     let db = orca_relay::store::testing::TestDb::sqlite().await;
@@ -196,27 +222,13 @@ async fn http_connections_are_bounded() {
     })
     .await;
     assert!(served, "served again once the idle connections closed");
-    let metrics = reqwest::Client::new()
-        .get(format!("http://{addr}/metrics"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let count = |reason: &str| -> u64 {
-        let series = format!("orca_relay_http_connections_refused_total{{reason=\"{reason}\"}} ");
-        let line = metrics
-            .lines()
-            .find(|l| l.starts_with(&series))
-            .unwrap_or_else(|| panic!("{series} missing: {}", &metrics[..metrics.len().min(300)]));
-        line[series.len()..].parse().unwrap()
-    };
-    assert!(count("answered") >= 1, "answered not counted");
-    assert!(count("answered") >= 202, "answers not counted");
+    let refused =
+        |reason| format!("orca_relay_http_connections_refused_total{{reason=\"{reason}\"}}");
+    let answered = metric(addr, &refused("answered")).await;
+    assert!(answered >= 202, "answers not counted: {answered}");
+    let closed = metric(addr, &refused("closed")).await;
     assert!(
-        count("closed") >= 1,
+        closed >= 1,
         "silent clients gone before their answer not counted"
     );
     s.running.shutdown().await;
@@ -268,12 +280,7 @@ async fn keep_alive_is_declined_near_the_cap() {
     use orca_relay::contract::limits::KEEPALIVE_FREE_MIN;
     let crowd = HTTP_CONNECTIONS_MAX - KEEPALIVE_FREE_MIN + 1;
     let need = (crowd as u64 + 50) * 2 + 200;
-    if !enough_fds(need) {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "open-file limit below {need}"
-        );
-        eprintln!("skipping: open-file limit below {need}");
+    if !enough_fds_or_skip(need) {
         return;
     }
     let db = orca_relay::store::testing::TestDb::sqlite().await;
@@ -327,22 +334,7 @@ async fn keep_alive_is_declined_near_the_cap() {
     })
     .await;
     assert!(kept_again, "keep-alive not restored after the crowd left");
-    let metrics = reqwest::Client::new()
-        .get(format!("http://{addr}/metrics"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let series = "orca_relay_http_keepalive_declined_total ";
-    let declined: u64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(series))
-        .unwrap_or_else(|| panic!("{series} missing"))
-        .parse()
-        .unwrap();
+    let declined = metric(addr, "orca_relay_http_keepalive_declined_total").await;
     assert!(declined >= 3, "declined responses not counted: {declined}");
     s.running.shutdown().await;
 }
