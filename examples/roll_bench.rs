@@ -91,8 +91,7 @@ async fn kill_one(fleet: &Fleet, stats: &[Arc<Mutex<HostStats>>]) {
     {
         let mut node = victim.node.lock().unwrap();
         if let Some(mut child) = node.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+            support::common::proc::kill(&mut child);
         }
     }
     println!(
@@ -351,10 +350,13 @@ async fn main() {
         .collect();
     let rolls_started = Instant::now();
     let mut failed_rolls = 0;
-    if a.kill_one {
+    let rolled: &[CellNode] = if a.kill_one {
         kill_one(&fleet, &stats).await;
-    }
-    for c in fleet.cells.iter().filter(|_| !a.kill_one) {
+        &[]
+    } else {
+        &fleet.cells
+    };
+    for c in rolled {
         let pid = c.node.lock().unwrap().pid().expect("cell running");
         let t0 = Instant::now();
         let (code, out) = admin_roll(&fleet.directors[0], &c.id, pid, &a).await;
