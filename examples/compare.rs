@@ -690,4 +690,52 @@ fn ratios(summary: &serde_json::Map<String, Value>) {
         line(format!("{t} / {k} per second"), t, k, rate);
         line(format!("{t} / {k} per relay CPU-second"), t, k, cpu);
     }
+    if get("tls", cpu[0]).is_some() {
+        record_cipher_ceiling(get("ours", cpu[0]), get("ours", cpu[1]));
+    }
+}
+
+/// What the record cipher alone costs a relay per spliced frame over TLS 1.3 (one record opened
+/// from the sender and one sealed to the receiver, ring's AEADs on this CPU, one thread), and the
+/// best TLS/plain ratio per relay CPU-second that leaves: plain per-frame cost / (plain + cipher).
+/// An upper bound, whatever the rest of the TLS path costs.
+fn record_cipher_ceiling(plain64: Option<f64>, plain16k: Option<f64>) {
+    use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_128_GCM, AES_256_GCM};
+    // A spliced frame in its record: WebSocket header (2 or 4 bytes) + payload + content type.
+    let sizes = [(64 + 2 + 1, plain64), (16 * 1024 + 4 + 1, plain16k)];
+    println!();
+    for (name, alg) in [("AES-128-GCM", &AES_128_GCM), ("AES-256-GCM", &AES_256_GCM)] {
+        let key = LessSafeKey::new(UnboundKey::new(alg, &vec![7u8; alg.key_len()]).expect("key"));
+        let mut parts = Vec::new();
+        for &(len, plain) in &sizes {
+            let mut buf = vec![0u8; len];
+            let nonce = || Nonce::assume_unique_for_key([1u8; 12]);
+            // Enough rounds for ~0.2 s of work at either size.
+            let rounds = (400_000_000 / (len * 8 + 4_000)).max(1);
+            let start = std::time::Instant::now();
+            for _ in 0..rounds {
+                let tag = key
+                    .seal_in_place_separate_tag(nonce(), Aad::empty(), &mut buf)
+                    .expect("seal");
+                let mut rec = std::mem::take(&mut buf);
+                rec.extend_from_slice(tag.as_ref());
+                let n = key
+                    .open_in_place(nonce(), Aad::empty(), &mut rec)
+                    .expect("open")
+                    .len();
+                rec.truncate(n);
+                buf = rec;
+            }
+            let ns = start.elapsed().as_nanos() as f64 / rounds as f64;
+            let ceiling = plain.map_or("-".to_string(), |fps| {
+                let plain_ns = 1e9 / fps;
+                format!("{:.2}x", plain_ns / (plain_ns + ns))
+            });
+            parts.push(format!("{} B {:.0} ns, ceiling {ceiling}", len, ns));
+        }
+        println!(
+            "record cipher {name} open + seal per frame: {}",
+            parts.join("; ")
+        );
+    }
 }
