@@ -33,8 +33,8 @@ use orca_relay::director::assign::{assign, assign_sticky, AssignOptions};
 use orca_relay::model::cell::Beat;
 use orca_relay::model::Admission;
 use orca_relay::store::assignments::{
-    activate_control, renew_control_activities, ActivateControl, HostKey, RenewalOutcome,
-    RenewalRow,
+    activate_control_registered, renew_control_activities, ActivateControl, HostKey,
+    RenewalOutcome, RenewalRow,
 };
 use orca_relay::store::cells::{self, CellSpec};
 use orca_relay::store::testing::TestDb;
@@ -251,7 +251,8 @@ async fn round(db: &Db, meter: &CpuMeter, a: &Args, first: usize) -> Vec<Phase> 
                     idle_regional_rehome: false,
                     cell_incarnation: format!("{INCARNATION}{i}"),
                 };
-                activate_control(&db, &host(n), &req, now())
+                // The cell's activation step: the lease and the migration registration.
+                activate_control_registered(&db, &host(n), &req, now())
                     .await
                     .expect("activation");
             },

@@ -655,3 +655,61 @@ async fn mark_migration_target_registered_only_open_matching() {
         assert_eq!(reg().await, Some(n), "set only if null");
     }
 }
+
+/// The cell's activation step in one transaction: the lease and the registration of the open
+/// migration targeting the cell both take effect; a refused activation leaves neither.
+#[tokio::test]
+async fn activate_control_registered_writes_both_or_neither() {
+    for t in backends().await {
+        let db = &t.db;
+        cell(db, "A", 900, false).await;
+        let h = host(1);
+        assign(db, &h, None, &regions(), AssignOptions::default())
+            .await
+            .unwrap();
+        let n = now();
+        db.execute(
+            "INSERT INTO relay_assignment_migrations (user_id, relay_host_id, assignment_epoch, kind, source_cell_id, \
+             target_cell_id, previous_epoch, source_request_units, target_reserved_units, arrival_deadline, expires_at, \
+             created_at, updated_at) VALUES ($1, $2, 1, 'evacuation', 'B', 'A', 0, 1, 2, $3, $3, $4, $4)",
+            &[h.user_id.clone().into(), h.relay_host_id.clone().into(), (n + 900_000).into(), n.into()],
+        )
+        .await
+        .unwrap();
+        let reg = || async {
+            db.query(
+                "SELECT target_registered_at FROM relay_assignment_migrations",
+                &[],
+            )
+            .await
+            .unwrap()[0]
+                .opt_i64(0)
+        };
+        let req = ActivateControl {
+            cell_id: "A".into(),
+            assignment_epoch: 1,
+            generation: 3,
+            connection_inclusion_watermark: None,
+            idle_regional_rehome: false,
+            cell_incarnation: "00000000-0000-4000-8000-00000000000A".into(),
+        };
+        let mut bad = req.clone();
+        bad.assignment_epoch = 2;
+        assert_eq!(
+            activate_control_registered(db, &h, &bad, n).await,
+            Err(ActivityError::WrongAssignment)
+        );
+        assert_eq!(reg().await, None, "a refused activation registers nothing");
+        assert!(
+            !leases(db, &h)
+                .await
+                .iter()
+                .any(|l| l.0.starts_with("control:")),
+            "a refused activation leaves no control lease"
+        );
+        let id = activate_control_registered(db, &h, &req, n).await.unwrap();
+        assert_eq!(id, "control:A:3");
+        assert_eq!(reg().await, Some(n));
+        assert!(leases(db, &h).await.iter().any(|l| l.0 == "control:A:3"));
+    }
+}

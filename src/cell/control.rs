@@ -433,15 +433,15 @@ async fn activation_turn(
     Ok((turn, idle))
 }
 
-/// Writes the control lease and marks a migration to this cell registered; returns the lease's
-/// activity id. A failed mark releases the fresh lease before the close.
+/// Writes the control lease and marks a migration to this cell registered, in one transaction
+/// (step 3's two store operations): a failure leaves no activity to release. Returns the lease's
+/// activity id.
 async fn activate_lease(
     cell: &Cell,
     plan: &Plan<'_>,
     watermark: Option<u64>,
 ) -> Result<String, Fail> {
-    let now = now_ms();
-    let activity = match store::activate_control(
+    store::activate_control_registered(
         &cell.ctx.db,
         plan.key,
         &ActivateControl {
@@ -452,31 +452,13 @@ async fn activate_lease(
             idle_regional_rehome: plan.idle_rehome,
             cell_incarnation: cell.ctx.incarnation.clone(),
         },
-        now,
+        now_ms(),
     )
     .await
-    .map_err(activation_refusal)
-    {
-        Ok(a) => a,
-        Err((code, r)) => return Err(close_with(code, r)),
-    };
-    if store::mark_migration_target_registered(
-        &cell.ctx.db,
-        plan.key,
-        &cell.ctx.config.cell_id,
-        plan.epoch,
-        now,
-    )
-    .await
-    .is_err()
-    {
-        return Err(Fail::ReleaseThenClose(
-            activity,
-            close::WRONG_CELL,
-            reason::ASSIGNMENT_CHANGED_DURING_HOST_PROOF,
-        ));
-    }
-    Ok(activity)
+    .map_err(|e| {
+        let (code, r) = activation_refusal(e);
+        close_with(code, r)
+    })
 }
 
 /// Installs the activated control: step 4 and the install are one step under the registry lock,
