@@ -611,39 +611,54 @@ async fn renewal_skips_a_locked_row_on_postgres() {
     }
 }
 
+/// Host 1 placed on cell A, with an open evacuation at epoch 1 from cell B to A; the host and
+/// the time the evacuation started.
+async fn placed_on_a_with_evacuation(db: &Db) -> (HostKey, i64) {
+    cell(db, "A", 900, false).await;
+    let h = host(1);
+    assign(db, &h, None, &regions(), AssignOptions::default())
+        .await
+        .unwrap();
+    let n = now();
+    open_evacuation_to_a(db, &h, n).await;
+    (h, n)
+}
+
+/// An open evacuation of `h` at epoch 1 from cell B to cell A, started at `n`.
+async fn open_evacuation_to_a(db: &Db, h: &HostKey, n: i64) {
+    db.execute(
+        "INSERT INTO relay_assignment_migrations (user_id, relay_host_id, assignment_epoch, kind, source_cell_id, \
+         target_cell_id, previous_epoch, source_request_units, target_reserved_units, arrival_deadline, expires_at, \
+         created_at, updated_at) VALUES ($1, $2, 1, 'evacuation', 'B', 'A', 0, 1, 2, $3, $3, $4, $4)",
+        &[h.user_id.clone().into(), h.relay_host_id.clone().into(), (n + 900_000).into(), n.into()],
+    )
+    .await
+    .unwrap();
+}
+
+/// The one migration's `target_registered_at`.
+async fn registered_at(db: &Db) -> Option<i64> {
+    db.query(
+        "SELECT target_registered_at FROM relay_assignment_migrations",
+        &[],
+    )
+    .await
+    .unwrap()[0]
+        .opt_i64(0)
+}
+
 #[tokio::test]
 async fn mark_migration_target_registered_only_open_matching() {
     for t in backends().await {
         let db = &t.db;
-        cell(db, "A", 900, false).await;
-        let h = host(1);
-        assign(db, &h, None, &regions(), AssignOptions::default())
-            .await
-            .unwrap();
-        let n = now();
-        db.execute(
-            "INSERT INTO relay_assignment_migrations (user_id, relay_host_id, assignment_epoch, kind, source_cell_id, \
-             target_cell_id, previous_epoch, source_request_units, target_reserved_units, arrival_deadline, expires_at, \
-             created_at, updated_at) VALUES ($1, $2, 1, 'evacuation', 'B', 'A', 0, 1, 2, $3, $3, $4, $4)",
-            &[h.user_id.clone().into(), h.relay_host_id.clone().into(), (n + 900_000).into(), n.into()],
-        )
-        .await
-        .unwrap();
+        let (h, n) = placed_on_a_with_evacuation(db).await;
         mark_migration_target_registered(db, &h, "B", 1, n)
             .await
             .unwrap();
         mark_migration_target_registered(db, &h, "A", 2, n)
             .await
             .unwrap();
-        let reg = || async {
-            db.query(
-                "SELECT target_registered_at FROM relay_assignment_migrations",
-                &[],
-            )
-            .await
-            .unwrap()[0]
-                .opt_i64(0)
-        };
+        let reg = || registered_at(db);
         assert_eq!(reg().await, None);
         mark_migration_target_registered(db, &h, "A", 1, n)
             .await
@@ -662,29 +677,8 @@ async fn mark_migration_target_registered_only_open_matching() {
 async fn activate_control_registered_writes_both_or_neither() {
     for t in backends().await {
         let db = &t.db;
-        cell(db, "A", 900, false).await;
-        let h = host(1);
-        assign(db, &h, None, &regions(), AssignOptions::default())
-            .await
-            .unwrap();
-        let n = now();
-        db.execute(
-            "INSERT INTO relay_assignment_migrations (user_id, relay_host_id, assignment_epoch, kind, source_cell_id, \
-             target_cell_id, previous_epoch, source_request_units, target_reserved_units, arrival_deadline, expires_at, \
-             created_at, updated_at) VALUES ($1, $2, 1, 'evacuation', 'B', 'A', 0, 1, 2, $3, $3, $4, $4)",
-            &[h.user_id.clone().into(), h.relay_host_id.clone().into(), (n + 900_000).into(), n.into()],
-        )
-        .await
-        .unwrap();
-        let reg = || async {
-            db.query(
-                "SELECT target_registered_at FROM relay_assignment_migrations",
-                &[],
-            )
-            .await
-            .unwrap()[0]
-                .opt_i64(0)
-        };
+        let (h, n) = placed_on_a_with_evacuation(db).await;
+        let reg = || registered_at(db);
         let req = ActivateControl {
             cell_id: "A".into(),
             assignment_epoch: 1,

@@ -848,11 +848,7 @@ pub async fn activate_control(
     req: &ActivateControl,
     now: i64,
 ) -> Result<String, ActivityError> {
-    let id = control_activity_id(req);
-    transaction!(db, "activity-lease", |tx| {
-        activate_in(tx, host, req, &id, now).await?;
-        Ok(id.clone())
-    })
+    activate(db, host, req, now, false).await
 }
 
 /// The cell's activation step: [`activate_control`] then [`mark_migration_target_registered`],
@@ -865,10 +861,22 @@ pub async fn activate_control_registered(
     req: &ActivateControl,
     now: i64,
 ) -> Result<String, ActivityError> {
+    activate(db, host, req, now, true).await
+}
+
+async fn activate(
+    db: &Db,
+    host: &HostKey,
+    req: &ActivateControl,
+    now: i64,
+    register: bool,
+) -> Result<String, ActivityError> {
     let id = control_activity_id(req);
     transaction!(db, "activity-lease", |tx| {
         activate_in(tx, host, req, &id, now).await?;
-        register_migration_target(tx, host, &req.cell_id, req.assignment_epoch, now).await?;
+        if register {
+            register_migration_target(tx, host, &req.cell_id, req.assignment_epoch, now).await?;
+        }
         Ok(id.clone())
     })
 }
