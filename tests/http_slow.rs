@@ -109,22 +109,11 @@ fn enough_fds_or_skip(need: u64) -> bool {
     false
 }
 
-/// The value of the metric line `series` (name and labels) on the node at `addr`.
+/// The value of the metric `series` (name and labels, as printed) on the node at `addr`.
 async fn metric(addr: SocketAddr, series: &str) -> u64 {
-    let text = reqwest::Client::new()
-        .get(format!("http://{addr}/metrics"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("{series} missing: {}", &text[..text.len().min(300)]))
-        .parse()
-        .unwrap()
+    let all = common::metrics::scrape(&format!("http://{addr}"), ADMIN).await;
+    *all.get(series)
+        .unwrap_or_else(|| panic!("{series} missing from /metrics")) as u64
 }
 
 /// Raises the soft open-file limit to the hard one; `false` if that is still too low.

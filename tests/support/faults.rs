@@ -156,25 +156,9 @@ pub async fn echo(pair: &mut Pair, tag: &str, within: Duration) -> Result<(), St
     pair.echo(tag, within).await
 }
 
-/// `/metrics` of a process as name (with labels, as printed) → value.
+/// `/metrics` of a cluster process as name (with labels, as printed) → value.
 pub async fn scrape(url: &str) -> HashMap<String, f64> {
-    let text = reqwest::Client::new()
-        .get(format!("{url}/metrics"))
-        .bearer_auth(ADMIN)
-        .timeout(Duration::from_secs(10))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics body");
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_string(), v.parse().ok()?))
-        })
-        .collect()
+    super::common::metrics::scrape(url, ADMIN).await
 }
 
 /// The process's own RSS (bytes), open fds and live runtime tasks, from its `/metrics`.

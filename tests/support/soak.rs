@@ -273,20 +273,9 @@ pub async fn reserved_units(url: &str) -> u64 {
 
 /// RSS (KiB), open fds and live tasks from the server's own `/metrics`.
 pub async fn usage(url: &str) -> (u64, u64, u64) {
-    let text = reqwest::Client::new()
-        .get(format!("{url}/metrics"))
-        .bearer_auth(ADMIN)
-        .timeout(Duration::from_secs(10))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics body");
+    let m = super::common::metrics::scrape(url, ADMIN).await;
     let get = |n: &str| -> u64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(n)?.strip_prefix(' '))
-            .and_then(|v| v.trim().parse::<f64>().ok())
+        *m.get(n)
             .unwrap_or_else(|| panic!("{n} missing from /metrics")) as u64
     };
     (
