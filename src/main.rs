@@ -79,12 +79,37 @@ enum Command {
     },
 }
 
-fn main() -> ExitCode {
-    orca_relay::logging::init();
-    #[cfg(unix)]
+/// How long jemalloc keeps freed pages before returning them to the OS, ms (its default is 10 s).
+/// A burst of connection set-ups frees its transient buffers in a burst; with a 10 s decay an idle
+/// cell carried them for ten more seconds (about 0.25 KiB per idle WebSocket right after 19,000
+/// set-ups, docs/benchmarks.md). The background threads do the purging, off the serving threads.
+#[cfg(unix)]
+const DIRTY_DECAY_MS: isize = 1_000;
+
+/// Switches on jemalloc's background purge threads and sets the dirty-page decay, for the arenas
+/// that exist now and as the default of those created later (one per worker thread, lazily).
+#[cfg(unix)]
+fn tune_allocator() {
+    use tikv_jemalloc_ctl::{Access, AsName};
+    let decay = b"arenas.dirty_decay_ms\0".name().write(DIRTY_DECAY_MS);
+    let arenas = tikv_jemalloc_ctl::arenas::narenas::read().unwrap_or(0);
+    for i in 0..arenas {
+        // Arenas not created yet refuse the write; they take the default set above.
+        let key = format!("arena.{i}.dirty_decay_ms\0");
+        let _ = key.as_bytes().name().write(DIRTY_DECAY_MS);
+    }
+    if let Err(e) = decay {
+        log::warn!("[orca-relay] allocator decay setting unavailable: {e}");
+    }
     if let Err(e) = tikv_jemalloc_ctl::background_thread::write(true) {
         log::warn!("[orca-relay] allocator background purging unavailable: {e}");
     }
+}
+
+fn main() -> ExitCode {
+    orca_relay::logging::init();
+    #[cfg(unix)]
+    tune_allocator();
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let first = Cli::command().get_matches_from(argv.clone());
     // The configuration file becomes the settings' defaults, beneath variables and flags.
