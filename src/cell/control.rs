@@ -86,7 +86,7 @@ fn activation_refusal(_e: store::ActivityError) -> (u16, &'static str) {
 /// Runs one control socket from the upgrade to its close.
 pub async fn run(
     cell: Arc<Cell>,
-    mut ws: Ws,
+    mut ws: Box<Ws>,
     guard: ConnGuard,
     claims: HostClaims,
     caps: Vec<String>,
@@ -96,30 +96,46 @@ pub async fn run(
         user_id: claims.sub.clone(),
         relay_host_id: claims.relay_host_id.clone(),
     };
-    // Boxed: the handshake state is freed before the long-lived control loop runs.
-    let handshake = Box::pin(handshake(&cell, &mut ws, &key, &claims, &caps, watermark)).await;
+    let handshake = handshake(&cell, &mut ws, &key, &claims, &caps, watermark).await;
     let (session, sock_id, rx) = match handshake {
         Ok(x) => x,
-        Err(Fail::Close(code, r)) => {
-            cell.close_leg(Leg::Control, &mut ws, code, r).await;
-            return;
-        }
-        Err(Fail::ReleaseThenClose(activity, code, r)) => {
-            cell.release_activity_before_close(&key, activity).await;
-            cell.close_leg(Leg::Control, &mut ws, code, r).await;
-            return;
-        }
-        Err(Fail::Gone) => return,
+        Err(fail) => return refuse(&cell, &key, &mut ws, fail).await,
     };
     cell.counts
         .controls
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // The loop gets a task of its own, as a splice does: this task's larger state (the
+    // handshake's and the refusal's, the claims) is freed, and an idle control costs its loop.
+    tokio::spawn(serve(cell, ws, guard, session, sock_id, rx));
+}
+
+/// An activated control for its life: the loop, then the close's bookkeeping.
+async fn serve(
+    cell: Arc<Cell>,
+    ws: Box<Ws>,
+    guard: ConnGuard,
+    session: Arc<Session>,
+    sock_id: u64,
+    rx: mpsc::Receiver<ControlOut>,
+) {
     let host_reason = control_loop(&cell, ws, &session, sock_id, rx).await;
     cell.counts
         .controls
         .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     drop(guard);
     on_control_closed(&cell, &session, sock_id, host_reason.as_deref());
+}
+
+/// A refused handshake: release what it held (if anything), then close with its code.
+async fn refuse(cell: &Cell, key: &HostKey, ws: &mut Ws, fail: Fail) {
+    match fail {
+        Fail::Close(code, r) => cell.close_leg(Leg::Control, ws, code, r).await,
+        Fail::ReleaseThenClose(activity, code, r) => {
+            cell.release_activity_before_close(key, activity).await;
+            cell.close_leg(Leg::Control, ws, code, r).await;
+        }
+        Fail::Gone => {}
+    }
 }
 
 /// The host's control handshake, step by step: early refusals, host-hello, the assignment epoch,
@@ -771,18 +787,19 @@ async fn close_control(cell: &Cell, sock: &mut Sock, code: u16, r: &'static str)
 
 async fn control_loop(
     cell: &Arc<Cell>,
-    ws: Ws,
+    ws: Box<Ws>,
     session: &Arc<Session>,
     sock_id: u64,
     mut rx: mpsc::Receiver<ControlOut>,
 ) -> Option<String> {
     let tick = Duration::from_millis(limits::CONTROL_TICK_MS);
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + tick, tick);
-    let (cmds, mut replies) = Commands::new();
+    let cmds = Commands::default();
+    let mut replies = None;
     // A command that found every slot busy: the socket is not read until it starts.
-    let mut waiting: Option<Command> = None;
+    let mut waiting: Option<Box<Command>> = None;
     let mut sock = Sock {
-        ws: Some(Box::new(ws)),
+        ws: Some(ws),
         parked: None,
     };
     let sweep = &cell.sweep;
@@ -790,16 +807,19 @@ async fn control_loop(
     let mut active_round = sweep.round();
     let mut registered = None;
     loop {
+        if replies.is_none() {
+            replies = cmds.take_replies();
+        }
         tokio::select! {
             permit = cmds.slot(), if waiting.is_some() => {
                 if let Some(cmd) = waiting.take() {
-                    if let Err((code, r)) = start_command(cell, session, &cmds, permit, cmd) {
+                    if let Err((code, r)) = start_command(cell, session, &cmds, permit, *cmd) {
                         close_control(cell, &mut sock, code, r).await;
                         return None;
                     }
                 }
             }
-            reply = replies.recv() => {
+            reply = next_reply(&mut replies) => {
                 if let Some((frame, _permit)) = reply {
                     let w = send(&mut sock, Message::text(frame.to_string())).await;
                     if !wrote(cell, &mut sock, w).await {
@@ -857,7 +877,7 @@ async fn on_socket(
     sock: &mut Sock,
     m: In,
     cmds: &Commands,
-    waiting: &mut Option<Command>,
+    waiting: &mut Option<Box<Command>>,
 ) -> Flow {
     match m {
         In::Quiet => {
@@ -1224,7 +1244,7 @@ async fn on_text(
     sock_id: u64,
     text: &str,
     cmds: &Commands,
-    waiting: &mut Option<Command>,
+    waiting: &mut Option<Box<Command>>,
 ) -> Result<(), (u16, &'static str)> {
     let (ty, m) = match frames::split(text) {
         Split::NotJson => return Err((close::BAD_OUTER_CREDENTIAL, reason::INVALID_CONTROL_JSON)),
@@ -1349,26 +1369,46 @@ pub const COMMANDS_IN_FLIGHT: usize = 16;
 /// The command side of one control socket: one permit per command, held until the control loop
 /// has taken its reply, and a reply queue with room for every permit, so a reply can never find
 /// the queue full (the shared outbound queue drops frames when full; replies must not).
+/// Both are made with the first command: most controls never send one, and the queue's first
+/// block of slots (tokio allocates 32 up front) and the semaphore are about 1 KiB per control.
+#[derive(Default)]
 pub(crate) struct Commands {
+    live: std::sync::OnceLock<CommandSlots>,
+    /// The reply queue's receiving end, made with it, until the control loop takes it.
+    replies_rx: std::sync::Mutex<Option<mpsc::Receiver<Reply>>>,
+}
+
+struct CommandSlots {
     permits: Arc<tokio::sync::Semaphore>,
     replies: mpsc::Sender<Reply>,
 }
 
 /// A command's reply with the permit it frees once sent. The reply is boxed: tokio's channel
-/// allocates its slots in blocks of 32 up front, so each idle control holds 32 of these (24 bytes
-/// each, not the 96 of an inline `Value` and permit).
+/// allocates its slots in blocks of 32 up front, so a control that ran a command holds 32 of
+/// these (24 bytes each, not the 96 of an inline `Value` and permit).
 pub(crate) type Reply = (Box<Value>, tokio::sync::OwnedSemaphorePermit);
 
 impl Commands {
-    pub(crate) fn new() -> (Commands, mpsc::Receiver<Reply>) {
-        let (replies, rx) = mpsc::channel(COMMANDS_IN_FLIGHT);
-        let permits = Arc::new(tokio::sync::Semaphore::new(COMMANDS_IN_FLIGHT));
-        (Commands { permits, replies }, rx)
+    fn slots(&self) -> &CommandSlots {
+        self.live.get_or_init(|| {
+            let (replies, rx) = mpsc::channel(COMMANDS_IN_FLIGHT);
+            *crate::sync::lock(&self.replies_rx) = Some(rx);
+            CommandSlots {
+                permits: Arc::new(tokio::sync::Semaphore::new(COMMANDS_IN_FLIGHT)),
+                replies,
+            }
+        })
+    }
+
+    /// The reply queue's receiving end, once, after the first command made it.
+    fn take_replies(&self) -> Option<mpsc::Receiver<Reply>> {
+        crate::sync::lock(&self.replies_rx).take()
     }
 
     /// Waits for a free slot.
     async fn slot(&self) -> tokio::sync::OwnedSemaphorePermit {
-        self.permits
+        self.slots()
+            .permits
             .clone()
             .acquire_owned()
             .await
@@ -1380,7 +1420,7 @@ impl Commands {
     where
         F: std::future::Future<Output = Value> + Send + 'static,
     {
-        let replies = self.replies.clone();
+        let replies = self.slots().replies.clone();
         ctx.spawn("control-command", async move {
             let reply = work.await;
             // Never full: queued replies plus running commands ≤ permits = capacity. An error
@@ -1390,19 +1430,27 @@ impl Commands {
     }
 }
 
+/// The next command reply; never ready before the first command made the queue.
+async fn next_reply(replies: &mut Option<mpsc::Receiver<Reply>>) -> Option<Reply> {
+    match replies {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Starts `cmd` if a slot is free, else parks it in `waiting` (the control loop stops reading
 /// the socket until a slot frees, then starts it).
 fn spawn_command(
     cell: &Arc<Cell>,
     session: &Arc<Session>,
     cmds: &Commands,
-    waiting: &mut Option<Command>,
+    waiting: &mut Option<Box<Command>>,
     cmd: Command,
 ) -> Result<(), (u16, &'static str)> {
-    match cmds.permits.clone().try_acquire_owned() {
+    match cmds.slots().permits.clone().try_acquire_owned() {
         Ok(permit) => start_command(cell, session, cmds, permit, cmd),
         Err(_) => {
-            *waiting = Some(cmd);
+            *waiting = Some(Box::new(cmd));
             Ok(())
         }
     }

@@ -224,7 +224,7 @@ async fn control_gates(
         match sock.await {
             Some(ws) => {
                 let guard = super::ConnGuard::opened(&cell, Leg::Control);
-                control::run(cell, ws, guard, claims, caps, watermark).await;
+                control::run(cell, Box::new(ws), guard, claims, caps, watermark).await;
             }
             None => {
                 cell.with_ledger(|l| l.abort());
