@@ -55,6 +55,8 @@ pub struct Cell {
     pub open: AtomicU64,
     pub budget: splice::Budget,
     pub splice_limits: splice::Limits,
+    /// The splice frame and byte counters, looked up once for every splice of the cell.
+    pub splice_meter: SpliceMeter,
     /// Wakes quiet splices once a round so they can park (memory per idle socket).
     pub sweep: Arc<splice::IdleSweep>,
     pub registry: Mutex<Registry>,
@@ -123,6 +125,7 @@ impl Cell {
             open: AtomicU64::new(0),
             budget: splice::Budget::default(),
             splice_limits: splice::Limits::default(),
+            splice_meter: SpliceMeter::new(&ctx.metrics),
             sweep: Default::default(),
             registry: Mutex::new(Registry::default()),
             signed_out: Mutex::new(SignedOut::default()),
@@ -343,5 +346,30 @@ impl Drop for ConnGuard {
             .connections
             .with_label_values(&[self.leg.name()])
             .dec();
+    }
+}
+
+/// Where live splices fold their counts (`orca_relay_splice_frames_total` and
+/// `orca_relay_splice_bytes_total` by direction): the four series resolved once per cell.
+pub struct SpliceMeter {
+    frames: [prometheus::IntCounter; 2],
+    bytes: [prometheus::IntCounter; 2],
+}
+
+impl SpliceMeter {
+    fn new(m: &crate::metrics::Metrics) -> SpliceMeter {
+        let dirs = ["to_host", "to_phone"];
+        SpliceMeter {
+            frames: dirs.map(|d| m.splice_frames.with_label_values(&[d])),
+            bytes: dirs.map(|d| m.splice_bytes.with_label_values(&[d])),
+        }
+    }
+
+    /// Adds one fold of a splice's counts.
+    pub fn fold(&self, d: splice::Stats) {
+        self.frames[0].inc_by(d.frames_to_host);
+        self.frames[1].inc_by(d.frames_to_phone);
+        self.bytes[0].inc_by(d.bytes_to_host);
+        self.bytes[1].inc_by(d.bytes_to_phone);
     }
 }

@@ -137,7 +137,11 @@ pub async fn run_phone(
     };
     match admit(&cell, &mut ws, &mut held, &relay_host_id, &auth.credential).await {
         Ok(Some(job)) => {
-            tokio::spawn(run_splice(cell.clone(), Box::new(ws), guard, job));
+            let job = Box::new(SpliceJob {
+                phone_guard: Some(guard),
+                ..job
+            });
+            tokio::spawn(run_splice(cell.clone(), Box::new(ws), job));
             return;
         }
         Ok(None) => {}
@@ -607,6 +611,7 @@ async fn attach(
         credential_activity,
         stash: if sent { stash } else { None },
         phone_gone: !sent,
+        phone_guard: None,
     })
 }
 
@@ -752,96 +757,87 @@ pub struct SpliceJob {
     credential_activity: Option<String>,
     stash: Option<Message>,
     phone_gone: bool,
+    /// The phone leg's share of the connection accounting, handed over when the splice starts.
+    phone_guard: Option<ConnGuard>,
 }
 
 ///: forward until either side ends, then tear down (idempotent, both sides the same code).
-pub async fn run_splice(
-    cell: Arc<Cell>,
-    mut phone: Box<Ws>,
-    phone_guard: ConnGuard,
-    job: SpliceJob,
-) {
-    let SpliceJob {
-        mut host,
-        guard,
-        mut kill_rx,
-        session,
-        conn_id,
-        credential_activity,
-        stash,
-        phone_gone,
-    } = job;
+/// The task lives as long as the pair, so it holds little beside [`splice::run`]'s own state:
+/// the job is one box, the set-up and the teardown are boxed futures, and the counters are the
+/// cell's.
+pub async fn run_splice(cell: Arc<Cell>, mut phone: Box<Ws>, mut job: Box<SpliceJob>) {
     cell.counts.splices.fetch_add(1, Ordering::Relaxed);
     cell.ctx.metrics.splices_active.inc();
-    // Take over both sockets' write wakers: the admission task registered its own when it sent
-    // `relay-hello`, and a waker keeps that task's (larger) allocation alive for the whole splice.
-    let _ = phone.flush().await;
-    let _ = host.flush().await;
-    // The live splice folds its counts in as it goes (splice::FOLD_INTERVAL), not only at its end.
-    let meter = splice_meter(&cell);
+    let phone_gone = job.phone_gone;
+    let stash = job.stash.take();
+    Box::pin(async {
+        // Take over both sockets' write wakers: the admission task registered its own when it
+        // sent `relay-hello`, and a waker keeps that task's allocation alive for the whole splice.
+        let _ = phone.flush().await;
+        let _ = job.host.flush().await;
+        if let (false, Some(m)) = (phone_gone, stash) {
+            let _ = job.host.send(m).await;
+        }
+    })
+    .await;
     let end = if phone_gone {
         splice::End::Dropped(splice::Side::Phone)
     } else {
-        if let Some(m) = stash {
-            let _ = Box::pin(host.send(m)).await;
-        }
+        let host = job.host;
+        // The live splice folds its counts in as it goes (splice::FOLD_INTERVAL), not only at
+        // its end.
         let (end, _stats, p, h) = splice::run(
             phone,
             host,
             (ws::config_ref(Leg::Phone), ws::config_ref(Leg::Data)),
-            &mut kill_rx,
+            &mut job.kill_rx,
             &cell.splice_limits,
             &cell.budget,
             &cell.sweep,
-            &meter,
+            &|d| cell.splice_meter.fold(d),
         )
         .await;
-        (phone, host) = (p, h);
+        (phone, job.host) = (p, h);
         end
     };
-    // Boxed: the teardown's store futures are not part of the idle splice's resident state.
-    Box::pin(async move {
-        // The close handshakes (up to 1 s each) run alongside the bookkeeping, so the basis is
-        // inactive and the activities released as soon as the splice ends.
-        let bookkeeping = async {
-            session.lock().active.remove(&conn_id);
-            let _ = creds::deactivate_basis(&cell.ctx.db, &conn_id).await;
-            cell.release_activity(&session.key, splice_activity_id(&conn_id));
-            if let Some(a) = credential_activity {
-                cell.release_activity(&session.key, a);
-            }
-        };
-        let ((pc, _), (hc, _)) = end.closes();
-        cell.count_close(Leg::Phone, pc);
-        cell.count_close(Leg::Data, hc);
-        tokio::join!(splice::close_pair(&mut phone, &mut host, &end), bookkeeping);
-        cell.counts.splices.fetch_sub(1, Ordering::Relaxed);
-        cell.ctx.metrics.splices_active.dec();
-        if end.is_abnormal() {
-            let ((pc, pr), _) = end.closes();
-            logging::event_warn(
-                "orca_relay_splice_closed",
-                json!({"host": logging::digest(&session.key.relay_host_id), "code": pc, "reason": pr}),
-            );
-        }
-        drop((guard, phone_guard));
-    })
-    .await;
+    let teardown = Box::pin(teardown(cell, phone, job, end));
+    teardown.await;
 }
 
-/// Folds a splice's counts into the frame and byte counters; the four series are looked up once.
-fn splice_meter(cell: &Cell) -> impl Fn(splice::Stats) + Sync {
-    let m = &cell.ctx.metrics;
-    let frames = |d| m.splice_frames.with_label_values(&[d]);
-    let bytes = |d| m.splice_bytes.with_label_values(&[d]);
-    let (fh, fp) = (frames("to_host"), frames("to_phone"));
-    let (bh, bp) = (bytes("to_host"), bytes("to_phone"));
-    move |d: splice::Stats| {
-        fh.inc_by(d.frames_to_host);
-        fp.inc_by(d.frames_to_phone);
-        bh.inc_by(d.bytes_to_host);
-        bp.inc_by(d.bytes_to_phone);
+/// A splice's end: both close handshakes (up to 1 s each) run alongside the bookkeeping, so the
+/// basis is inactive and the activities released as soon as the splice ends.
+async fn teardown(cell: Arc<Cell>, mut phone: Box<Ws>, job: Box<SpliceJob>, end: splice::End) {
+    let SpliceJob {
+        mut host,
+        guard,
+        session,
+        conn_id,
+        credential_activity,
+        phone_guard,
+        ..
+    } = *job;
+    let bookkeeping = async {
+        session.lock().active.remove(&conn_id);
+        let _ = creds::deactivate_basis(&cell.ctx.db, &conn_id).await;
+        cell.release_activity(&session.key, splice_activity_id(&conn_id));
+        if let Some(a) = credential_activity {
+            cell.release_activity(&session.key, a);
+        }
+    };
+    let ((pc, _), (hc, _)) = end.closes();
+    cell.count_close(Leg::Phone, pc);
+    cell.count_close(Leg::Data, hc);
+    tokio::join!(splice::close_pair(&mut phone, &mut host, &end), bookkeeping);
+    cell.counts.splices.fetch_sub(1, Ordering::Relaxed);
+    cell.ctx.metrics.splices_active.dec();
+    if end.is_abnormal() {
+        let ((pc, pr), _) = end.closes();
+        logging::event_warn(
+            "orca_relay_splice_closed",
+            json!({"host": logging::digest(&session.key.relay_host_id), "code": pc, "reason": pr}),
+        );
     }
+    drop((guard, phone_guard));
 }
 
 /// The host data leg up to the hand-over to its phone.
