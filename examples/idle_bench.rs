@@ -72,9 +72,11 @@ async fn main() {
             "pairs": m.pairs,
             "webSockets": m.sockets,
             "setupSeconds": (m.setup_secs * 10.0).round() / 10.0,
+            "serverRssKiBColdStart": m.cold_before_kib,
             "serverRssKiBBefore": m.before_kib,
             "serverRssKiBAfter": m.after_kib,
             "kibPerWebSocket": (m.kib_per_socket() * 100.0).round() / 100.0,
+            "kibPerWebSocketFromColdStart": (m.kib_per_socket_cold() * 100.0).round() / 100.0,
         });
         eprintln!("{name}: {r}");
         out.insert(name.clone(), r);

@@ -148,16 +148,23 @@ async fn control(url: &str, id: &HostIdentity, token: &str) -> (String, HostCont
 }
 
 /// `hosts` hosts with `per_host` idle pairs each, `concurrency` hosts being set up at a time.
-pub async fn idle_pairs(url: &str, hosts: usize, per_host: usize, concurrency: usize) -> Idle {
+pub async fn idle_pairs(
+    url: &str,
+    label: &str,
+    hosts: usize,
+    per_host: usize,
+    concurrency: usize,
+) -> Idle {
     static SOURCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let sem = Arc::new(Semaphore::new(concurrency));
     let mut tasks = Vec::new();
     for h in 0..hosts {
         let sem = sem.clone();
         let url = url.to_owned();
+        let user = format!("{label}-{h}");
         tasks.push(tokio::spawn(async move {
             let _permit = sem.acquire_owned().await.expect("semaphore");
-            let id = HostIdentity::generate(&format!("idle-{h}"));
+            let id = HostIdentity::generate(&user);
             let token = id.token(SIGNING, &url);
             let (cell_url, mut c) = control(&url, &id, &token).await;
             let mut pairs = Vec::new();
@@ -208,11 +215,16 @@ pub async fn settled_rss(pid: u32, limit: Duration) -> u64 {
     last
 }
 
+/// Hosts (each with its phones) set up and closed before the baseline is taken.
+pub const WARM_UP_HOSTS: usize = 4;
+
 /// One measurement: RSS before, after, and per WebSocket (pairs × 2 + controls).
 #[derive(Debug, Clone, Copy)]
 pub struct Measure {
     pub pairs: usize,
     pub sockets: usize,
+    /// RSS before the warm-up (see [`measure`]).
+    pub cold_before_kib: u64,
     pub before_kib: u64,
     pub after_kib: u64,
     pub setup_secs: f64,
@@ -222,21 +234,33 @@ impl Measure {
     pub fn kib_per_socket(&self) -> f64 {
         self.after_kib.saturating_sub(self.before_kib) as f64 / self.sockets as f64
     }
+    /// The same growth counted from before the warm-up (one-off costs charged to the sockets).
+    pub fn kib_per_socket_cold(&self) -> f64 {
+        self.after_kib.saturating_sub(self.cold_before_kib) as f64 / self.sockets as f64
+    }
 }
 
 /// Sets up `pairs` idle pairs on `server` and measures; returns the connections too (dropping them
 /// closes everything).
+///
+/// The baseline is taken after a warm-up (a few hosts' pairs set up and closed again), so it
+/// already holds what a process that has served anything holds once, whatever the number of
+/// connections: the code paths' pages, the runtime's worker and store allocations. The figure
+/// is what each further idle WebSocket costs; `cold_before_kib` is the RSS before the warm-up.
 pub async fn measure(server: &Server, pairs: usize, per_host: usize) -> (Measure, Idle) {
     let pid = server.child.id();
+    let cold_before = settled_rss(pid, Duration::from_secs(5)).await;
+    drop(idle_pairs(&server.url, "warm-up", WARM_UP_HOSTS, per_host, 32).await);
     let before = settled_rss(pid, Duration::from_secs(5)).await;
     let hosts = pairs.div_ceil(per_host);
     let t = Instant::now();
-    let idle = idle_pairs(&server.url, hosts, per_host, 32).await;
+    let idle = idle_pairs(&server.url, "idle", hosts, per_host, 32).await;
     let setup_secs = t.elapsed().as_secs_f64();
     let after = settled_rss(pid, Duration::from_secs(15)).await;
     let m = Measure {
         pairs: idle.pairs.len(),
         sockets: idle.pairs.len() * 2 + idle.controls.len(),
+        cold_before_kib: cold_before,
         before_kib: before,
         after_kib: after,
         setup_secs,
