@@ -2,20 +2,20 @@
 //! binary, plain and over its own TLS listener, must cost under a bound of server RSS per
 //! WebSocket (growth after the warm-up, `support::idle::measure`), so a later change cannot
 //! silently undo idle parking (`cell::splice`) or the small splice and control tasks. Release
-//! measurements are in docs/benchmarks.md (release at 9,000 pairs: 1.37 KiB plain, 1.84 over TLS).
+//! measurements are in docs/benchmarks.md (release at 9,000 pairs: 1.30 KiB plain, 1.79 over TLS).
 
 mod support;
 
 use support::idle;
 
-/// KiB of server RSS per idle WebSocket, debug build (measured 1.55 with splice and control
+/// KiB of server RSS per idle WebSocket, debug build (measured 1.46 with splice and control
 /// parking and the small splice and control tasks; 2.89 when an idle control kept its ~10 KiB
 /// handshake task and a splice task was 1.5 KiB; a return of tungstenite's per-socket buffers
 /// to every idle socket adds ~2.3 KiB and fails it).
 const BOUND_KIB: f64 = 2.0;
 
 /// KiB of server RSS per idle WebSocket over the relay's own TLS listener, debug build (measured
-/// 2.00 with TLS 1.3 connections on our own record layer after the handshake, 1.55 plain in the
+/// 1.95 with TLS 1.3 connections on our own record layer after the handshake, 1.46 plain in the
 /// same run; 3.72 with the larger tasks; 6.71 when rustls' unbuffered connection stayed alive for
 /// the whole connection, which fails it, as does a return of rustls' buffered connection and its
 /// 4 KiB receive buffer).

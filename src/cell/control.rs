@@ -116,7 +116,7 @@ async fn serve(
     guard: ConnGuard,
     session: Arc<Session>,
     sock_id: u64,
-    rx: mpsc::Receiver<ControlOut>,
+    rx: mpsc::Receiver<Box<ControlOut>>,
 ) {
     let host_reason = control_loop(&cell, ws, &session, sock_id, rx).await;
     cell.counts
@@ -147,7 +147,7 @@ async fn handshake(
     claims: &HostClaims,
     caps: &[String],
     watermark: Option<u64>,
-) -> Result<(Arc<Session>, u64, mpsc::Receiver<ControlOut>), Fail> {
+) -> Result<(Arc<Session>, u64, mpsc::Receiver<Box<ControlOut>>), Fail> {
     refuse_before_hello(cell, key)?;
     let (hello, host_public) = read_host_hello(ws, claims).await?;
     let epoch = hello.assignment_epoch as i64;
@@ -488,7 +488,7 @@ fn install_session(
     seen: Option<Arc<Session>>,
     activity: String,
     activated_at: i64,
-    tx: mpsc::Sender<ControlOut>,
+    tx: mpsc::Sender<Box<ControlOut>>,
 ) -> Result<Installed, Fail> {
     let mut registry = cell.registry();
     if cell.is_draining() {
@@ -790,7 +790,7 @@ async fn control_loop(
     ws: Box<Ws>,
     session: &Arc<Session>,
     sock_id: u64,
-    mut rx: mpsc::Receiver<ControlOut>,
+    mut rx: mpsc::Receiver<Box<ControlOut>>,
 ) -> Option<String> {
     let tick = Duration::from_millis(limits::CONTROL_TICK_MS);
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + tick, tick);
@@ -835,7 +835,7 @@ async fn control_loop(
                     Flow::End(host_reason) => return host_reason,
                 }
             }
-            out = rx.recv() => match out {
+            out = rx.recv() => match out.map(|b| *b) {
                 Some(ControlOut::Frame(f)) => {
                     let w = send(&mut sock, Message::text(f)).await;
                     if !wrote(cell, &mut sock, w).await {

@@ -38,7 +38,9 @@ pub enum ControlOut {
 #[derive(Debug, Clone)]
 pub struct ControlRef {
     pub sock_id: u64,
-    pub tx: mpsc::Sender<ControlOut>,
+    /// Boxed items: tokio allocates a channel's slots 32 at a time up front, so every idle
+    /// control holds a block of these (8 bytes each instead of 32).
+    pub tx: mpsc::Sender<Box<ControlOut>>,
     pub pending_details: bool,
     pub idle_rehome: bool,
 }
@@ -46,7 +48,7 @@ pub struct ControlRef {
 impl ControlRef {
     /// Best effort: a full or closed channel means the control is going away anyway.
     pub fn send(&self, m: ControlOut) {
-        let _ = self.tx.try_send(m);
+        let _ = self.tx.try_send(Box::new(m));
     }
 }
 
