@@ -83,7 +83,7 @@ fn activation_refusal(_e: store::ActivityError) -> (u16, &'static str) {
     )
 }
 
-/// Runs one control socket from the upgrade to its close.
+/// Runs one control socket's handshake; an activated control goes on in [`serve`], its own task.
 pub async fn run(
     cell: Arc<Cell>,
     mut ws: Box<Ws>,

@@ -232,20 +232,10 @@ impl Server {
 
     /// `orca_push_worker_runs_total{end="idle"}` of the process behind `base`.
     pub async fn idle_runs(&self) -> u64 {
-        let text = self
-            .client
-            .get(format!("{}/metrics", self.base))
-            .bearer_auth(ADMIN)
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("metrics text");
-        text.lines()
-            .find_map(|l| l.strip_prefix(r#"orca_push_worker_runs_total{end="idle"} "#))
-            .and_then(|v| v.trim().parse().ok())
-            .expect("orca_push_worker_runs_total{end=\"idle\"} exported")
+        let series = r#"orca_push_worker_runs_total{end="idle"}"#;
+        let v = common::metrics::scrape(&self.base, ADMIN).await;
+        *v.get(series)
+            .unwrap_or_else(|| panic!("{series} not exported")) as u64
     }
 
     pub async fn stop(mut self) {
