@@ -220,7 +220,10 @@ impl World {
         // view and every process's last lines say which part did not come up.
         let deadline = tokio::time::Instant::now() + CELLS_LIVE_WITHIN;
         let mut last = cell_status(&director).await;
-        while !(last.len() == 2 && last.iter().all(|c| c["live"] == true)) {
+        while !last
+            .as_ref()
+            .is_ok_and(|l| l.len() == 2 && l.iter().all(|c| c["live"] == true))
+        {
             if tokio::time::Instant::now() >= deadline {
                 break;
             }
@@ -368,23 +371,25 @@ impl World {
 }
 
 /// The director's cell view (over https, trusting the test CA).
-async fn cell_status(director: &str) -> Vec<serde_json::Value> {
+/// The director's cell objects, or what went wrong asking for them (printed on a start timeout).
+async fn cell_status(director: &str) -> Result<Vec<serde_json::Value>, String> {
     let r = testkit::http_client()
         .post(format!("{director}/v1/admin/cell-status"))
         .bearer_auth(ADMIN)
         .json(&serde_json::json!({"v": 1}))
         .timeout(Duration::from_secs(10))
         .send()
-        .await;
-    match r {
-        Ok(r) => r
-            .json::<serde_json::Value>()
-            .await
-            .ok()
-            .and_then(|v| v["cells"].as_array().cloned())
-            .unwrap_or_default(),
-        Err(_) => Vec::new(),
-    }
+        .await
+        .map_err(|e| format!("request: {e:?}"))?;
+    let status = r.status();
+    let v = r
+        .json::<serde_json::Value>()
+        .await
+        .map_err(|e| format!("{status}: body: {e}"))?;
+    v["cells"]
+        .as_array()
+        .cloned()
+        .ok_or_else(|| format!("{status}: {v}"))
 }
 
 fn cell_name(cells: &[String], url: &str) -> String {

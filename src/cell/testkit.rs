@@ -62,12 +62,14 @@ fn trust() -> Arc<Trust> {
 /// Trusts `pem` (PEM CA certificates) besides the system roots (and the CAs given before) for
 /// every later dial/request.
 pub fn trust_extra_ca(pem: &[u8]) {
-    let certs = {
-        let mut all = EXTRA.write().unwrap_or_else(|e| e.into_inner());
-        all.extend(crate::tls::server::pem_certs(pem));
-        all.clone()
+    // The CA list stays locked until the new trust is published: two tests adding their CAs at
+    // once must not publish in the reverse order and leave one CA out.
+    let mut all = EXTRA.write().unwrap_or_else(|e| e.into_inner());
+    all.extend(crate::tls::server::pem_certs(pem));
+    let extra = crate::tls::ExtraCa {
+        path: None,
+        certs: all.clone(),
     };
-    let extra = crate::tls::ExtraCa { path: None, certs };
     let t = Trust {
         rustls: crate::tls::client::client_config(&extra, &[b"http/1.1"]),
         http: crate::tls::client::cluster_client_builder(&extra)
@@ -75,6 +77,7 @@ pub fn trust_extra_ca(pem: &[u8]) {
             .expect("test http client"),
     };
     *TRUST.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(t));
+    drop(all);
 }
 
 /// The kit's HTTP client (trusting the extra CA when one was given).
