@@ -12,6 +12,7 @@
 
 pub mod control;
 pub mod drain;
+pub mod frame_rewrite;
 pub mod frames;
 pub mod heartbeat;
 pub mod heartbeat_client;

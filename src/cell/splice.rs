@@ -37,6 +37,8 @@ use crate::leg::boundary::MessageBoundary;
 use crate::contract::close::{self, reason};
 use crate::contract::limits;
 
+mod busy;
+
 /// Splice thresholds (docs/reference/websocket.md / docs/reference/limits.md); tests shrink them.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -156,8 +158,10 @@ pub struct Stats {
     pub polls: u64,
     /// Times the splice parked while idle (see [`run`]).
     pub parks: u64,
-    /// Times a busy splice rebuilt its codecs with the live read size ([`LIVE_READ`]).
+    /// Times a busy splice moved its frames to the rewriter ([`busy`]).
     pub grows: u64,
+    /// Times the rewriter handed a frame it does not take back to a codec.
+    pub handovers: u64,
 }
 
 /// A live splice folds its counts into the meter at least every [`FOLD_INTERVAL`] while frames
@@ -498,18 +502,19 @@ enum Step {
     End(End),
     /// Both sockets quiet for a sweep round: give the codec state back until a byte arrives.
     Park,
-    /// A busy splice at a quiet moment: rebuild both codecs with [`LIVE_READ`] read buffers.
-    Grow,
+    /// A busy splice at a quiet moment: hand both raw sockets to the frame rewriter ([`busy`]).
+    Busy,
 }
 
-/// Bytes a busy splice's codecs read per `read` call. A leg starts with the small
+/// Bytes moved in one codec phase before the splice, at its next quiet moment, takes the codecs
+/// apart and moves its frames with the rewriter ([`busy`]). A leg's codec reads with the small
 /// [`crate::leg::ws::READ_BUFFER`] (cheap while idle, and every parked splice gives its codecs
-/// back); a splice that has moved [`GROW_AFTER`] bytes in its live phase rebuilds both codecs at
-/// the next quiet moment with this read size, so a 16 KiB frame costs one or two `read` calls
-/// instead of eight. The larger buffers live only as long as the live phase.
-pub const LIVE_READ: usize = 16 * 1024;
-/// Bytes moved in one live phase before its codecs grow to [`LIVE_READ`].
+/// back); the busy phase's buffers live only while frames move.
 pub const GROW_AFTER: u64 = 64 * 1024;
+
+/// The codec read size after a busy phase handed a frame back (the codec then finishes what the
+/// rewriter does not take, often a large frame, with a few large reads).
+pub const LIVE_READ: usize = 16 * 1024;
 
 /// `cfg` with the live read size.
 fn live_config(cfg: &WebSocketConfig) -> WebSocketConfig {
@@ -555,9 +560,9 @@ struct Splice {
     polls: u64,
     parks: u64,
     grows: u64,
-    /// Bytes moved when this live phase began, and whether its codecs have grown ([`Step::Grow`]).
+    handovers: u64,
+    /// Bytes moved when this codec phase began (see [`GROW_AFTER`]).
     phase_bytes: u64,
-    grown: bool,
 }
 
 impl Splice {
@@ -567,9 +572,7 @@ impl Splice {
             frames_to_phone: self.down.frames,
             bytes_to_host: self.up.bytes,
             bytes_to_phone: self.down.bytes,
-            polls: 0,
-            parks: 0,
-            grows: 0,
+            ..Stats::default()
         }
     }
 
@@ -585,9 +588,7 @@ impl Splice {
                 frames_to_phone: self.down.frames - down.frames,
                 bytes_to_host: self.up.bytes - up.bytes,
                 bytes_to_phone: self.down.bytes - down.bytes,
-                polls: 0,
-                parks: 0,
-                grows: 0,
+                ..Stats::default()
             });
         }
         self.folded = (self.up, self.down);
@@ -660,14 +661,30 @@ impl Splice {
         if !quiet {
             return Poll::Pending;
         }
-        if !self.grown && self.up.bytes + self.down.bytes - self.phase_bytes >= GROW_AFTER {
-            return Poll::Ready(Step::Grow);
+        if self.up.bytes + self.down.bytes - self.phase_bytes >= GROW_AFTER {
+            return Poll::Ready(Step::Busy);
         }
+        if self.quiet_long_enough(live, cx, sweep, meter, frames) {
+            return Poll::Ready(Step::Park);
+        }
+        Poll::Pending
+    }
+
+    /// At a quiet poll: true once the splice has seen no frame for two sweep rounds (its counts
+    /// folded, ready to park); until then its waker waits on the next round.
+    fn quiet_long_enough(
+        &mut self,
+        live: &mut Live,
+        cx: &mut Context<'_>,
+        sweep: &IdleSweep,
+        meter: &(dyn Fn(Stats) + Sync),
+        frames: u64,
+    ) -> bool {
         let round = sweep.round();
         match live.quiet {
             Some((r, f)) if f == frames && round >= r + 2 => {
                 self.fold(meter, Instant::now());
-                return Poll::Ready(Step::Park);
+                return true;
             }
             Some((_, f)) if f == frames => {}
             _ => live.quiet = Some((round, frames)),
@@ -675,7 +692,7 @@ impl Splice {
         if live.registered != Some(round) {
             live.registered = Some(sweep.register(cx.waker()));
         }
-        Poll::Pending
+        false
     }
 
     /// Folds the counts into the meter now and then (never per frame): at `FOLD_FRAMES` unfolded
@@ -761,24 +778,6 @@ where
     Box::new(WebSocketStream::from_partially_read(io, part, Role::Server, Some(cfg)).await)
 }
 
-/// Rebuilds both codecs with the live read size ([`Step::Grow`]). Only called where parking
-/// would be allowed (quiet, nothing queued or owed, both at a message boundary), so nothing is lost.
-async fn grow<S>(
-    phone: Box<WebSocketStream<S>>,
-    host: Box<WebSocketStream<S>>,
-    cfgs: (&WebSocketConfig, &WebSocketConfig),
-) -> (Box<WebSocketStream<S>>, Box<WebSocketStream<S>>)
-where
-    S: AsyncRead + AsyncWrite + Unpin + MessageBoundary,
-{
-    let (p, h) = (take_apart(phone), take_apart(host));
-    let (pc, hc) = (live_config(cfgs.0), live_config(cfgs.1));
-    (
-        unpark(p, pc, Vec::new()).await,
-        unpark(h, hc, Vec::new()).await,
-    )
-}
-
 /// Runs the splice until it ends and hands both sockets back; closing them is the caller's (see
 /// [`close_pair`]).
 ///
@@ -814,8 +813,8 @@ where
         polls: 0,
         parks: 0,
         grows: 0,
+        handovers: 0,
         phase_bytes: 0,
-        grown: false,
     };
     let end = loop {
         let mut live = Box::<Live>::default();
@@ -828,20 +827,41 @@ where
         live.up.release(budget);
         live.down.release(budget);
         drop(live);
-        match step {
-            Step::End(end) => break end,
-            Step::Grow => {
-                sp.grown = true;
-                sp.grows += 1;
-                (phone, host) = Box::pin(grow(phone, host, cfgs)).await;
-                continue;
-            }
-            Step::Park => {}
+        if let Step::End(end) = step {
+            break end;
         }
-        sp.grown = false;
+        let (mut p, mut h) = (take_apart(phone), take_apart(host));
+        if let Step::Busy = step {
+            sp.grows += 1;
+            let out = Box::pin(busy::run(
+                &mut sp, &mut p, &mut h, cfgs, kill, limits, sweep, meter,
+            ))
+            .await;
+            match out {
+                busy::Outcome::Park => {}
+                busy::Outcome::Handover(pb, hb) => {
+                    sp.handovers += 1;
+                    sp.phase_bytes = sp.up.bytes + sp.down.bytes;
+                    let (pc, hc) = (live_config(cfgs.0), live_config(cfgs.1));
+                    (phone, host) =
+                        Box::pin(async move { (unpark(p, pc, pb).await, unpark(h, hc, hb).await) })
+                            .await;
+                    continue;
+                }
+                busy::Outcome::End(end) => {
+                    (phone, host) = Box::pin(async move {
+                        (
+                            unpark(p, *cfgs.0, Vec::new()).await,
+                            unpark(h, *cfgs.1, Vec::new()).await,
+                        )
+                    })
+                    .await;
+                    break end;
+                }
+            }
+        }
         sp.phase_bytes = sp.up.bytes + sp.down.bytes;
         sp.parks += 1;
-        let (mut p, mut h) = (take_apart(phone), take_apart(host));
         let woke = poll_fn(|cx| sp.poll_parked(cx, &mut p, &mut h, kill)).await;
         let (pb, hb, end) = match woke {
             Woke::Bytes(Side::Phone, b) => (b, Vec::new(), None),
@@ -861,6 +881,7 @@ where
     total.polls = sp.polls;
     total.parks = sp.parks;
     total.grows = sp.grows;
+    total.handovers = sp.handovers;
     (end, total, phone, host)
 }
 
@@ -1357,18 +1378,27 @@ mod tests {
         assert_eq!(stats.parks, 0);
     }
 
-    /// A busy splice grows its codecs' read buffers once, at a quiet moment, and loses nothing:
-    /// frames of every size before and after the rebuild arrive whole and in order, and a small
-    /// exchange alone never grows.
+    /// A busy splice moves its frames to the rewriter at a quiet moment and loses nothing: frames
+    /// of every size arrive whole and in order, including those the rewriter hands back to a codec
+    /// (40 KiB and 200 KiB are over its buffer); a small exchange alone never leaves the codecs.
     #[tokio::test]
-    async fn busy_splice_grows_its_read_buffers_once() {
+    async fn busy_splice_moves_to_the_rewriter_and_loses_nothing() {
         let mut r = rig(64 * 1024, Limits::default(), Default::default()).await;
         r.phone.send(Message::text("small")).await.unwrap();
         assert_eq!(
             r.host.next().await.unwrap().unwrap(),
             Message::text("small")
         );
-        let sizes = [16 * 1024, 64, 40 * 1024, 16 * 1024 + 1, 3, 200 * 1024, 70];
+        let sizes = [
+            16 * 1024,
+            64,
+            40 * 1024,
+            16 * 1024 + 1,
+            3,
+            200 * 1024,
+            70,
+            0,
+        ];
         for round in 0..3u8 {
             for (i, n) in sizes.iter().enumerate() {
                 let m = Message::binary(vec![round ^ i as u8; *n]);
@@ -1382,8 +1412,10 @@ mod tests {
         r.phone.close(None).await.unwrap();
         let (end, stats) = r.task.await.unwrap();
         assert_eq!(end, End::Dropped(Side::Phone));
-        assert_eq!(stats.grows, 1, "{stats:?}");
+        assert!(stats.grows >= 1, "{stats:?}");
+        assert!(stats.handovers >= 1, "{stats:?}");
         assert_eq!(stats.frames_to_host, 1 + 3 * sizes.len() as u64);
+        assert_eq!(stats.frames_to_phone, 3 * sizes.len() as u64);
 
         let mut r = rig(64 * 1024, Limits::default(), Default::default()).await;
         for _ in 0..10 {
@@ -1396,6 +1428,244 @@ mod tests {
         r.phone.close(None).await.unwrap();
         let (_, stats) = r.task.await.unwrap();
         assert_eq!(stats.grows, 0, "{stats:?}");
+    }
+
+    /// Moves 128 KiB each way in 1 KiB frames, one at a time, so the splice sees quiet moments
+    /// after [`GROW_AFTER`] bytes and moves to the rewriter.
+    async fn make_busy(r: &mut Rig) {
+        for i in 0..128u32 {
+            let m = Message::binary(vec![i as u8; 1024]);
+            r.phone.send(m.clone()).await.unwrap();
+            assert_eq!(r.host.next().await.unwrap().unwrap(), m);
+            r.host.send(m.clone()).await.unwrap();
+            assert_eq!(r.phone.next().await.unwrap().unwrap(), m);
+        }
+    }
+
+    /// Many small frames sent at once in both directions arrive in order, and the busy phase's
+    /// counts equal what was sent.
+    #[tokio::test]
+    async fn busy_phase_moves_bursts_of_small_frames_in_order() {
+        let mut r = rig(256 * 1024, Limits::default(), Default::default()).await;
+        make_busy(&mut r).await;
+        let n = 5_000u32;
+        let (mut phone, mut host) = (r.phone, r.host);
+        let up = tokio::spawn(async move {
+            for i in 0..n {
+                let m = if i % 3 == 0 {
+                    Message::text(format!("t{i}"))
+                } else {
+                    Message::binary(i.to_be_bytes().to_vec())
+                };
+                phone.feed(m).await.unwrap();
+            }
+            phone.flush().await.unwrap();
+            phone
+        });
+        for i in 0..n {
+            let want = if i % 3 == 0 {
+                Message::text(format!("t{i}"))
+            } else {
+                Message::binary(i.to_be_bytes().to_vec())
+            };
+            assert_eq!(host.next().await.unwrap().unwrap(), want, "frame {i}");
+        }
+        let mut phone = up.await.unwrap();
+        for i in 0..n {
+            host.feed(Message::binary(vec![i as u8; 64])).await.unwrap();
+        }
+        host.flush().await.unwrap();
+        for i in 0..n {
+            assert_eq!(
+                phone.next().await.unwrap().unwrap(),
+                Message::binary(vec![i as u8; 64])
+            );
+        }
+        host.close(None).await.unwrap();
+        let (end, stats) = r.task.await.unwrap();
+        assert_eq!(end, End::Dropped(Side::Host));
+        assert!(stats.grows >= 1, "{stats:?}");
+        assert_eq!(stats.frames_to_host, 128 + n as u64);
+        assert_eq!(stats.frames_to_phone, 128 + n as u64);
+        assert_eq!(stats.bytes_to_phone, 128 * 1024 + 64 * n as u64);
+    }
+
+    /// In the busy phase a ping is answered (by the codec it is handed to), a fragmented message
+    /// arrives whole, an invalid text frame ends the splice as a protocol error, and an oversized
+    /// frame gets 1009 / 4408, exactly as in the codec phase.
+    #[tokio::test]
+    async fn busy_phase_hands_what_it_does_not_take_to_the_codec() {
+        use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+        use tokio_tungstenite::tungstenite::protocol::frame::{Frame, FrameHeader};
+        let frag = |fin: bool, op: OpCode, payload: &'static [u8]| {
+            let header = FrameHeader {
+                is_final: fin,
+                opcode: op,
+                ..FrameHeader::default()
+            };
+            Message::Frame(Frame::from_payload(header, payload.into()))
+        };
+        let mut r = rig(256 * 1024, Limits::default(), Default::default()).await;
+        make_busy(&mut r).await;
+        r.phone.send(Message::Ping(vec![5u8].into())).await.unwrap();
+        assert_eq!(
+            r.phone.next().await.unwrap().unwrap(),
+            Message::Pong(vec![5u8].into())
+        );
+        make_busy(&mut r).await;
+        r.phone
+            .send(frag(false, OpCode::Data(Data::Binary), b"ab"))
+            .await
+            .unwrap();
+        r.phone
+            .send(frag(true, OpCode::Data(Data::Continue), b"cd"))
+            .await
+            .unwrap();
+        assert_eq!(
+            r.host.next().await.unwrap().unwrap(),
+            Message::binary(b"abcd".to_vec())
+        );
+        make_busy(&mut r).await;
+        // A frame over the leg's 1 MiB limit: 1009 to the phone, 4408 to the host.
+        let _ = r
+            .phone
+            .send(Message::binary(vec![1u8; (1 << 20) + 1]))
+            .await;
+        match r.host.next().await.unwrap().unwrap() {
+            Message::Close(Some(f)) => assert_eq!(u16::from(f.code), 4408),
+            other => panic!("{other:?}"),
+        }
+        let (end, stats) = r.task.await.unwrap();
+        assert_eq!(end, End::Oversize(Side::Phone));
+        assert!(stats.grows >= 3 && stats.handovers >= 3, "{stats:?}");
+
+        // Invalid UTF-8 in a text frame: the codec's protocol error, the host gets 4408.
+        let mut r = rig(256 * 1024, Limits::default(), Default::default()).await;
+        make_busy(&mut r).await;
+        let header = FrameHeader {
+            opcode: OpCode::Data(Data::Text),
+            ..FrameHeader::default()
+        };
+        let bad = Message::Frame(Frame::from_payload(header, vec![0xffu8, 0xfe].into()));
+        let _ = r.phone.send(bad).await;
+        match r.host.next().await.unwrap().unwrap() {
+            Message::Close(Some(f)) => assert_eq!(u16::from(f.code), 4408),
+            other => panic!("{other:?}"),
+        }
+        let (end, stats) = r.task.await.unwrap();
+        assert_eq!(end, End::Dropped(Side::Phone));
+        assert!(stats.handovers >= 1, "{stats:?}");
+    }
+
+    /// The busy phase ends like the codec phase: on the kill switch (frames sent before it still
+    /// arrive, then the close code) and on a peer's close (the other side gets 4408).
+    #[tokio::test]
+    async fn busy_phase_ends_on_kill_and_on_close() {
+        let mut r = rig(256 * 1024, Limits::default(), Default::default()).await;
+        make_busy(&mut r).await;
+        for i in 0..100u32 {
+            r.host
+                .feed(Message::binary(i.to_be_bytes().to_vec()))
+                .await
+                .unwrap();
+        }
+        r.host.flush().await.unwrap();
+        for i in 0..100u32 {
+            assert_eq!(
+                r.phone.next().await.unwrap().unwrap(),
+                Message::binary(i.to_be_bytes().to_vec())
+            );
+        }
+        r.kill
+            .take()
+            .unwrap()
+            .send((4503, "relay draining"))
+            .unwrap();
+        for ws in [&mut r.phone, &mut r.host] {
+            match ws.next().await.unwrap().unwrap() {
+                Message::Close(Some(f)) => assert_eq!(u16::from(f.code), 4503),
+                other => panic!("{other:?}"),
+            }
+        }
+        let (end, stats) = r.task.await.unwrap();
+        assert_eq!(end, End::Killed(4503, "relay draining"));
+        assert!(stats.grows >= 1, "{stats:?}");
+
+        let mut r = rig(256 * 1024, Limits::default(), Default::default()).await;
+        make_busy(&mut r).await;
+        r.phone.close(None).await.unwrap();
+        match r.host.next().await.unwrap().unwrap() {
+            Message::Close(Some(f)) => assert_eq!(u16::from(f.code), 4408),
+            other => panic!("{other:?}"),
+        }
+        let (end, stats) = r.task.await.unwrap();
+        assert_eq!(end, End::Dropped(Side::Phone));
+        assert!(stats.grows >= 1, "{stats:?}");
+    }
+
+    /// A phone that stops reading during the busy phase: the host's frames stop being read once
+    /// the phone's unwritten output passes the high-water mark, and the wedge timer closes both
+    /// 4429.
+    #[tokio::test]
+    async fn busy_phase_stalled_reader_is_bounded_then_wedged() {
+        let limits = Limits {
+            wedge: Duration::from_millis(1_500),
+            ..Limits::default()
+        };
+        let mut r = rig(16 * 1024, limits, Default::default()).await;
+        make_busy(&mut r).await;
+        let Rig {
+            phone,
+            mut host,
+            task,
+            kill,
+        } = r;
+        let sender = tokio::spawn(async move {
+            let _kill = kill;
+            let chunk = vec![7u8; 16 * 1024];
+            for _ in 0..4096 {
+                if host.send(Message::binary(chunk.clone())).await.is_err() {
+                    break;
+                }
+            }
+            host
+        });
+        let started = std::time::Instant::now();
+        let (end, stats) = task.await.unwrap();
+        assert_eq!(end, End::Wedged);
+        assert!(started.elapsed() < Duration::from_millis(4_000));
+        assert!(stats.grows >= 1, "{stats:?}");
+        // Forwarded to the stalled phone: its pipe, the high-water mark and one read's worth.
+        assert!(
+            stats.bytes_to_phone < 128 * 1024 + 2 * 1024 * 1024,
+            "{stats:?}"
+        );
+        drop(phone);
+        sender.abort();
+    }
+
+    /// A quiet busy splice parks like a codec-phase one, and wakes to forward the next frame.
+    #[tokio::test]
+    async fn busy_phase_parks_when_quiet() {
+        let sweep = Arc::new(IdleSweep::default());
+        let mut r = rig_swept(
+            256 * 1024,
+            Limits::default(),
+            Default::default(),
+            sweep.clone(),
+        )
+        .await;
+        make_busy(&mut r).await;
+        park(&sweep).await;
+        assert_eq!(sweep.waiting(), 0, "a parked splice is on no list");
+        r.phone.send(Message::text("after")).await.unwrap();
+        assert_eq!(
+            r.host.next().await.unwrap().unwrap(),
+            Message::text("after")
+        );
+        r.host.close(None).await.unwrap();
+        let (_, stats) = r.task.await.unwrap();
+        assert!(stats.grows >= 1 && stats.parks >= 1, "{stats:?}");
     }
 
     /// An idle splice's resident state is its task's future, and `run` is most of it: its
