@@ -39,6 +39,8 @@ use crate::leg::boundary::MessageBoundary;
 /// Each socket's read buffer in the busy phase; also the largest frame the rewriter takes (a
 /// larger one is handed over to a codec).
 pub const BUSY_READ: usize = 32 * 1024;
+/// A read buffer's size once frames over [`MIN_READ`] have been seen (see [`Wire::fill`]).
+pub const BUSY_READ_LARGE: usize = 128 * 1024;
 /// Frames one direction moves per poll before yielding to other tasks.
 const BUSY_BATCH: usize = 1024;
 /// Free space below which a read buffer holding a partial frame is compacted before reading.
@@ -111,9 +113,17 @@ impl Wire {
         if self.start == self.end {
             (self.start, self.end) = (0, 0);
         } else if self.start > 0 && self.inb.len() - self.end < MIN_READ {
-            self.inb.copy_within(self.start..self.end, 0);
-            self.end -= self.start;
-            self.start = 0;
+            let partial = self.end - self.start;
+            if partial > MIN_READ && self.inb.len() < BUSY_READ_LARGE {
+                // Large frames straddle the buffer's end at nearly every read, and each time the
+                // partial frame is copied to the front: a larger buffer makes that rare.
+                let mut larger = vec![0u8; BUSY_READ_LARGE].into_boxed_slice();
+                larger[..partial].copy_from_slice(self.unread());
+                self.inb = larger;
+            } else {
+                self.inb.copy_within(self.start..self.end, 0);
+            }
+            (self.start, self.end) = (0, partial);
         }
         let mut rb = ReadBuf::new(&mut self.inb[self.end..]);
         match Pin::new(io).poll_read(cx, &mut rb) {
