@@ -778,6 +778,46 @@ where
     Box::new(WebSocketStream::from_partially_read(io, part, Role::Server, Some(cfg)).await)
 }
 
+/// What a busy phase left: the raw sockets to park, or codecs rebuilt after a hand-over (the
+/// unread bytes given to them) or for the close.
+enum AfterBusy<S> {
+    Park(S, S),
+    Codecs(Box<WebSocketStream<S>>, Box<WebSocketStream<S>>),
+    End(End, Box<WebSocketStream<S>>, Box<WebSocketStream<S>>),
+}
+
+/// Runs a busy phase ([`busy`]) on the raw sockets and rebuilds the codecs it leaves to.
+#[allow(clippy::too_many_arguments)]
+async fn busy_phase<S>(
+    sp: &mut Splice,
+    mut p: S,
+    mut h: S,
+    cfgs: (&WebSocketConfig, &WebSocketConfig),
+    kill: &mut oneshot::Receiver<(u16, &'static str)>,
+    limits: &Limits,
+    sweep: &IdleSweep,
+    meter: &(dyn Fn(Stats) + Sync),
+) -> AfterBusy<S>
+where
+    S: AsyncRead + AsyncWrite + Unpin + MessageBoundary,
+{
+    sp.grows += 1;
+    match busy::run(sp, &mut p, &mut h, cfgs, kill, limits, sweep, meter).await {
+        busy::Outcome::Park => AfterBusy::Park(p, h),
+        busy::Outcome::Handover(pb, hb) => {
+            sp.handovers += 1;
+            sp.phase_bytes = sp.up.bytes + sp.down.bytes;
+            let (pc, hc) = (live_config(cfgs.0), live_config(cfgs.1));
+            AfterBusy::Codecs(unpark(p, pc, pb).await, unpark(h, hc, hb).await)
+        }
+        busy::Outcome::End(end) => AfterBusy::End(
+            end,
+            unpark(p, *cfgs.0, Vec::new()).await,
+            unpark(h, *cfgs.1, Vec::new()).await,
+        ),
+    }
+}
+
 /// Runs the splice until it ends and hands both sockets back; closing them is the caller's (see
 /// [`close_pair`]).
 ///
@@ -832,30 +872,15 @@ where
         }
         let (mut p, mut h) = (take_apart(phone), take_apart(host));
         if let Step::Busy = step {
-            sp.grows += 1;
-            let out = Box::pin(busy::run(
-                &mut sp, &mut p, &mut h, cfgs, kill, limits, sweep, meter,
-            ))
-            .await;
-            match out {
-                busy::Outcome::Park => {}
-                busy::Outcome::Handover(pb, hb) => {
-                    sp.handovers += 1;
-                    sp.phase_bytes = sp.up.bytes + sp.down.bytes;
-                    let (pc, hc) = (live_config(cfgs.0), live_config(cfgs.1));
-                    (phone, host) =
-                        Box::pin(async move { (unpark(p, pc, pb).await, unpark(h, hc, hb).await) })
-                            .await;
+            let after = Box::pin(busy_phase(&mut sp, p, h, cfgs, kill, limits, sweep, meter));
+            match after.await {
+                AfterBusy::Park(pp, hh) => (p, h) = (pp, hh),
+                AfterBusy::Codecs(pw, hw) => {
+                    (phone, host) = (pw, hw);
                     continue;
                 }
-                busy::Outcome::End(end) => {
-                    (phone, host) = Box::pin(async move {
-                        (
-                            unpark(p, *cfgs.0, Vec::new()).await,
-                            unpark(h, *cfgs.1, Vec::new()).await,
-                        )
-                    })
-                    .await;
+                AfterBusy::End(end, pw, hw) => {
+                    (phone, host) = (pw, hw);
                     break end;
                 }
             }
