@@ -204,17 +204,12 @@ mod tests {
 
     /// A client frame as a browser sends it.
     fn client(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
-        let mut f = vec![(if fin { 0x80 } else { 0 }) | opcode];
-        let len = payload.len();
-        if len < 126 {
-            f.push(0x80 | len as u8);
-        } else if len <= 0xffff {
-            f.push(0x80 | 126);
-            f.extend_from_slice(&(len as u16).to_be_bytes());
-        } else {
-            f.push(0x80 | 127);
-            f.extend_from_slice(&(len as u64).to_be_bytes());
+        let mut f = Vec::new();
+        push_header(&mut f, opcode, payload.len());
+        if !fin {
+            f[0] &= 0x7f;
         }
+        f[1] |= 0x80;
         f.extend_from_slice(&MASK);
         f.extend(payload.iter().enumerate().map(|(i, b)| b ^ MASK[i % 4]));
         f

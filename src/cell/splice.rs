@@ -105,6 +105,16 @@ pub enum Side {
     Host,
 }
 
+impl Side {
+    /// The other socket of the pair.
+    pub fn other(self) -> Side {
+        match self {
+            Side::Phone => Side::Host,
+            Side::Host => Side::Phone,
+        }
+    }
+}
+
 /// Why a splice ended (docs/reference/websocket.md teardown).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum End {
@@ -228,10 +238,7 @@ impl Dir {
     where
         S: AsyncRead + AsyncWrite + Unpin,
     {
-        let dst_side = match src_side {
-            Side::Phone => Side::Host,
-            Side::Host => Side::Phone,
-        };
+        let dst_side = src_side.other();
         let mut moved = 0usize;
         let mut src_empty = false;
         loop {
@@ -595,6 +602,20 @@ impl Splice {
         self.folded_at = now;
     }
 
+    /// The start of every live or busy poll: count it, alternate which direction goes first (the
+    /// runtime's cooperative budget is shared by both, and a fixed order lets a busy first
+    /// direction starve the second), and check the kill switch (`Some` when it fired).
+    fn begin_poll(
+        &mut self,
+        live: &mut Live,
+        cx: &mut Context<'_>,
+        kill: &mut oneshot::Receiver<(u16, &'static str)>,
+    ) -> Option<End> {
+        self.polls += 1;
+        live.up_first = !live.up_first;
+        self.killed(cx, kill)
+    }
+
     /// The kill switch; `Some` when it fired.
     fn killed(
         &mut self,
@@ -628,13 +649,9 @@ impl Splice {
     where
         S: AsyncRead + AsyncWrite + Unpin + MessageBoundary,
     {
-        self.polls += 1;
-        if let Some(end) = self.killed(cx, kill) {
+        if let Some(end) = self.begin_poll(live, cx, kill) {
             return Poll::Ready(Step::End(end));
         }
-        // Alternate which direction goes first: the runtime's cooperative budget is shared by
-        // both, and a fixed order lets a busy first direction starve the second.
-        live.up_first = !live.up_first;
         for leg in 0..2 {
             let r = if (leg == 0) == live.up_first {
                 live.up
@@ -1455,6 +1472,14 @@ mod tests {
         assert_eq!(stats.grows, 0, "{stats:?}");
     }
 
+    /// The close code `ws` receives next (panics on anything else).
+    async fn close_code(ws: &mut W) -> u16 {
+        match ws.next().await.unwrap().unwrap() {
+            Message::Close(Some(f)) => u16::from(f.code),
+            other => panic!("{other:?}"),
+        }
+    }
+
     /// Moves 128 KiB each way in 1 KiB frames, one at a time, so the splice sees quiet moments
     /// after [`GROW_AFTER`] bytes and moves to the rewriter.
     async fn make_busy(r: &mut Rig) {
@@ -1556,10 +1581,7 @@ mod tests {
             .phone
             .send(Message::binary(vec![1u8; (1 << 20) + 1]))
             .await;
-        match r.host.next().await.unwrap().unwrap() {
-            Message::Close(Some(f)) => assert_eq!(u16::from(f.code), 4408),
-            other => panic!("{other:?}"),
-        }
+        assert_eq!(close_code(&mut r.host).await, 4408);
         let (end, stats) = r.task.await.unwrap();
         assert_eq!(end, End::Oversize(Side::Phone));
         assert!(stats.grows >= 3 && stats.handovers >= 3, "{stats:?}");
@@ -1573,10 +1595,7 @@ mod tests {
         };
         let bad = Message::Frame(Frame::from_payload(header, vec![0xffu8, 0xfe].into()));
         let _ = r.phone.send(bad).await;
-        match r.host.next().await.unwrap().unwrap() {
-            Message::Close(Some(f)) => assert_eq!(u16::from(f.code), 4408),
-            other => panic!("{other:?}"),
-        }
+        assert_eq!(close_code(&mut r.host).await, 4408);
         let (end, stats) = r.task.await.unwrap();
         assert_eq!(end, End::Dropped(Side::Phone));
         assert!(stats.handovers >= 1, "{stats:?}");
@@ -1606,12 +1625,8 @@ mod tests {
             .unwrap()
             .send((4503, "relay draining"))
             .unwrap();
-        for ws in [&mut r.phone, &mut r.host] {
-            match ws.next().await.unwrap().unwrap() {
-                Message::Close(Some(f)) => assert_eq!(u16::from(f.code), 4503),
-                other => panic!("{other:?}"),
-            }
-        }
+        assert_eq!(close_code(&mut r.phone).await, 4503);
+        assert_eq!(close_code(&mut r.host).await, 4503);
         let (end, stats) = r.task.await.unwrap();
         assert_eq!(end, End::Killed(4503, "relay draining"));
         assert!(stats.grows >= 1, "{stats:?}");
@@ -1619,10 +1634,7 @@ mod tests {
         let mut r = rig(256 * 1024, Limits::default(), Default::default()).await;
         make_busy(&mut r).await;
         r.phone.close(None).await.unwrap();
-        match r.host.next().await.unwrap().unwrap() {
-            Message::Close(Some(f)) => assert_eq!(u16::from(f.code), 4408),
-            other => panic!("{other:?}"),
-        }
+        assert_eq!(close_code(&mut r.host).await, 4408);
         let (end, stats) = r.task.await.unwrap();
         assert_eq!(end, End::Dropped(Side::Phone));
         assert!(stats.grows >= 1, "{stats:?}");

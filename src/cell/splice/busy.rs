@@ -192,10 +192,7 @@ fn pump<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let dst_side = match src_side {
-        Side::Phone => Side::Host,
-        Side::Host => Side::Phone,
-    };
+    let dst_side = src_side.other();
     let mut moved = 0usize;
     let mut src_empty = false;
     loop {
@@ -275,11 +272,9 @@ impl Splice {
     where
         S: AsyncRead + AsyncWrite + Unpin + MessageBoundary,
     {
-        self.polls += 1;
-        if let Some(end) = self.killed(cx, kill) {
+        if let Some(end) = self.begin_poll(live, cx, kill) {
             return Poll::Ready(Outcome::End(end));
         }
-        live.up_first = !live.up_first;
         let Busy {
             phone: pw,
             host: hw,
