@@ -1050,6 +1050,14 @@ mod tests {
         rig_swept(buf, limits, budget, Default::default()).await
     }
 
+    /// The close code and reason `ws` receives next (panics on anything else).
+    async fn close_of(ws: &mut W) -> (u16, String) {
+        match ws.next().await.unwrap().unwrap() {
+            Message::Close(Some(f)) => (u16::from(f.code), f.reason.to_string()),
+            other => panic!("{other:?}"),
+        }
+    }
+
     /// A live splice hands its counts to the meter while it runs (a trailing fold after a burst
     /// then silence, within the fold interval), and the meter's sum equals the final totals.
     #[tokio::test]
@@ -1144,13 +1152,10 @@ mod tests {
         assert_eq!(end, End::Dropped(Side::Phone));
         assert_eq!(stats.frames_to_host, 101);
         assert_eq!(stats.frames_to_phone, 101);
-        match r.host.next().await.unwrap().unwrap() {
-            Message::Close(Some(f)) => {
-                assert_eq!(u16::from(f.code), 4408);
-                assert_eq!(f.reason.as_str(), "peer connection dropped");
-            }
-            other => panic!("{other:?}"),
-        }
+        assert_eq!(
+            close_of(&mut r.host).await,
+            (4408, "peer connection dropped".into())
+        );
     }
 
     #[tokio::test]
@@ -1162,13 +1167,7 @@ mod tests {
             .send((4503, "relay draining"))
             .unwrap();
         for ws in [&mut r.phone, &mut r.host] {
-            match ws.next().await.unwrap().unwrap() {
-                Message::Close(Some(f)) => {
-                    assert_eq!(u16::from(f.code), 4503);
-                    assert_eq!(f.reason.as_str(), "relay draining");
-                }
-                other => panic!("{other:?}"),
-            }
+            assert_eq!(close_of(ws).await, (4503, "relay draining".into()));
         }
         assert_eq!(r.task.await.unwrap().0, End::Killed(4503, "relay draining"));
     }
@@ -1181,11 +1180,7 @@ mod tests {
             .phone
             .send(Message::binary(vec![1u8; (1 << 20) + 1]))
             .await;
-        let code = |m: Message| match m {
-            Message::Close(Some(f)) => u16::from(f.code),
-            other => panic!("{other:?}"),
-        };
-        assert_eq!(code(r.host.next().await.unwrap().unwrap()), 4408);
+        assert_eq!(close_of(&mut r.host).await.0, 4408);
         assert_eq!(r.task.await.unwrap().0, End::Oversize(Side::Phone));
     }
 
@@ -1362,10 +1357,7 @@ mod tests {
             .send((4503, "relay draining"))
             .unwrap();
         for ws in [&mut r.phone, &mut r.host] {
-            match ws.next().await.unwrap().unwrap() {
-                Message::Close(Some(f)) => assert_eq!(u16::from(f.code), 4503),
-                other => panic!("{other:?}"),
-            }
+            assert_eq!(close_of(ws).await.0, 4503);
         }
         let (end, stats) = r.task.await.unwrap();
         assert_eq!(end, End::Killed(4503, "relay draining"));
@@ -1386,10 +1378,7 @@ mod tests {
             kill: _kill,
         } = r;
         drop(phone);
-        match host.next().await.unwrap().unwrap() {
-            Message::Close(Some(f)) => assert_eq!(u16::from(f.code), 4408),
-            other => panic!("{other:?}"),
-        }
+        assert_eq!(close_of(&mut host).await.0, 4408);
         assert_eq!(task.await.unwrap().0, End::Dropped(Side::Phone));
     }
 
@@ -1472,14 +1461,6 @@ mod tests {
         assert_eq!(stats.grows, 0, "{stats:?}");
     }
 
-    /// The close code `ws` receives next (panics on anything else).
-    async fn close_code(ws: &mut W) -> u16 {
-        match ws.next().await.unwrap().unwrap() {
-            Message::Close(Some(f)) => u16::from(f.code),
-            other => panic!("{other:?}"),
-        }
-    }
-
     /// Moves 128 KiB each way in 1 KiB frames, one at a time, so the splice sees quiet moments
     /// after [`GROW_AFTER`] bytes and moves to the rewriter.
     async fn make_busy(r: &mut Rig) {
@@ -1500,25 +1481,23 @@ mod tests {
         make_busy(&mut r).await;
         let n = 5_000u32;
         let (mut phone, mut host) = (r.phone, r.host);
+        // Every third frame is text.
+        let msg = |i: u32| {
+            if i % 3 == 0 {
+                Message::text(format!("t{i}"))
+            } else {
+                Message::binary(i.to_be_bytes().to_vec())
+            }
+        };
         let up = tokio::spawn(async move {
             for i in 0..n {
-                let m = if i % 3 == 0 {
-                    Message::text(format!("t{i}"))
-                } else {
-                    Message::binary(i.to_be_bytes().to_vec())
-                };
-                phone.feed(m).await.unwrap();
+                phone.feed(msg(i)).await.unwrap();
             }
             phone.flush().await.unwrap();
             phone
         });
         for i in 0..n {
-            let want = if i % 3 == 0 {
-                Message::text(format!("t{i}"))
-            } else {
-                Message::binary(i.to_be_bytes().to_vec())
-            };
-            assert_eq!(host.next().await.unwrap().unwrap(), want, "frame {i}");
+            assert_eq!(host.next().await.unwrap().unwrap(), msg(i), "frame {i}");
         }
         let mut phone = up.await.unwrap();
         for i in 0..n {
@@ -1581,7 +1560,7 @@ mod tests {
             .phone
             .send(Message::binary(vec![1u8; (1 << 20) + 1]))
             .await;
-        assert_eq!(close_code(&mut r.host).await, 4408);
+        assert_eq!(close_of(&mut r.host).await.0, 4408);
         let (end, stats) = r.task.await.unwrap();
         assert_eq!(end, End::Oversize(Side::Phone));
         assert!(stats.grows >= 3 && stats.handovers >= 3, "{stats:?}");
@@ -1595,7 +1574,7 @@ mod tests {
         };
         let bad = Message::Frame(Frame::from_payload(header, vec![0xffu8, 0xfe].into()));
         let _ = r.phone.send(bad).await;
-        assert_eq!(close_code(&mut r.host).await, 4408);
+        assert_eq!(close_of(&mut r.host).await.0, 4408);
         let (end, stats) = r.task.await.unwrap();
         assert_eq!(end, End::Dropped(Side::Phone));
         assert!(stats.handovers >= 1, "{stats:?}");
@@ -1625,8 +1604,8 @@ mod tests {
             .unwrap()
             .send((4503, "relay draining"))
             .unwrap();
-        assert_eq!(close_code(&mut r.phone).await, 4503);
-        assert_eq!(close_code(&mut r.host).await, 4503);
+        assert_eq!(close_of(&mut r.phone).await.0, 4503);
+        assert_eq!(close_of(&mut r.host).await.0, 4503);
         let (end, stats) = r.task.await.unwrap();
         assert_eq!(end, End::Killed(4503, "relay draining"));
         assert!(stats.grows >= 1, "{stats:?}");
@@ -1634,7 +1613,7 @@ mod tests {
         let mut r = rig(256 * 1024, Limits::default(), Default::default()).await;
         make_busy(&mut r).await;
         r.phone.close(None).await.unwrap();
-        assert_eq!(close_code(&mut r.host).await, 4408);
+        assert_eq!(close_of(&mut r.host).await.0, 4408);
         let (end, stats) = r.task.await.unwrap();
         assert_eq!(end, End::Dropped(Side::Phone));
         assert!(stats.grows >= 1, "{stats:?}");

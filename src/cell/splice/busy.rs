@@ -14,7 +14,9 @@
 //! - **park**: quiet for two sweep rounds with nothing buffered, like the codec phase;
 //! - **end**: a peer's EOF or error, the kill switch, or the wedge deadline (the end codes are the
 //!   codec phase's, see [`End`]); what is already rewritten is written out first (for at most
-//!   [`FINAL_WRITE`]) so the close frame follows whole frames.
+//!   [`FINAL_WRITE`]) so the close frame follows whole frames. A peer that takes nothing for
+//!   that long is not reading at all; its close then follows whatever part was written, and the
+//!   close's own force-terminate ends the socket, as it would a codec that could not flush.
 //!
 //! Backpressure: a direction stops reading its source once the target's unwritten output passes
 //! the high-water mark and resumes when it falls to the low-water mark, so a peer that stops
@@ -32,7 +34,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
-use super::{wedge_deadline, Count, End, IdleSweep, Limits, Live, Side, Splice, Stats};
+use super::{wedge_deadline, Count, Dir, End, IdleSweep, Limits, Live, Side, Splice, Stats};
 use crate::cell::frame_rewrite::{self, FrameLimits, Stop};
 use crate::leg::boundary::MessageBoundary;
 
@@ -174,25 +176,27 @@ struct Busy {
     handover: bool,
 }
 
-/// Moves frames `src` → `dst` (see the module doc); `Ready(end)` ends the splice. Sets
-/// `live.{up,down}.quiet` (source empty, nothing buffered or unwritten) and the blocked-since
-/// time the wedge deadline reads.
+/// Moves frames `src` → `dst` (see the module doc); `Ready(end)` ends the splice. Of the
+/// direction's codec-phase state `flow` it uses only `quiet` (source empty, nothing buffered or
+/// unwritten) and `overflow_since`, here the time the direction paused, which the wedge deadline
+/// reads.
 #[allow(clippy::too_many_arguments)]
 fn pump<S>(
-    quiet: &mut bool,
-    blocked_since: &mut Option<Instant>,
+    flow: &mut Dir,
     count: &mut Count,
     cx: &mut Context<'_>,
     (src_io, src): (&mut S, &mut Wire),
     (dst_io, dst): (&mut S, &mut Wire),
     src_side: Side,
     handover: &mut bool,
-    (low_water, high_water): (usize, usize),
+    limits: &Limits,
 ) -> Poll<End>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let dst_side = src_side.other();
+    let (low_water, high_water) = (limits.low_water, limits.high_water);
+    let blocked_since = &mut flow.overflow_since;
     let mut moved = 0usize;
     let mut src_empty = false;
     loop {
@@ -251,7 +255,7 @@ where
     if let Err(end) = dst.write_out(cx, dst_io, dst_side) {
         return Poll::Ready(end);
     }
-    *quiet = src_empty && src.start == src.end && dst.drained();
+    flow.quiet = src_empty && src.start == src.end && dst.drained();
     Poll::Pending
 }
 
@@ -281,32 +285,14 @@ impl Splice {
             handover,
         } = busy;
         for leg in 0..2 {
-            let r = if (leg == 0) == live.up_first {
-                pump(
-                    &mut live.up.quiet,
-                    &mut live.up.overflow_since,
-                    &mut self.up,
-                    cx,
-                    (&mut *phone, &mut *pw),
-                    (&mut *host, &mut *hw),
-                    Side::Phone,
-                    handover,
-                    (limits.low_water, limits.high_water),
-                )
+            let (flow, count, src, dst, side) = if (leg == 0) == live.up_first {
+                let (src, dst) = ((&mut *phone, &mut *pw), (&mut *host, &mut *hw));
+                (&mut live.up, &mut self.up, src, dst, Side::Phone)
             } else {
-                pump(
-                    &mut live.down.quiet,
-                    &mut live.down.overflow_since,
-                    &mut self.down,
-                    cx,
-                    (&mut *host, &mut *hw),
-                    (&mut *phone, &mut *pw),
-                    Side::Host,
-                    handover,
-                    (limits.low_water, limits.high_water),
-                )
+                let (src, dst) = ((&mut *host, &mut *hw), (&mut *phone, &mut *pw));
+                (&mut live.down, &mut self.down, src, dst, Side::Host)
             };
-            if let Poll::Ready(end) = r {
+            if let Poll::Ready(end) = pump(flow, count, cx, src, dst, side, handover, limits) {
                 return Poll::Ready(Outcome::End(end));
             }
         }
