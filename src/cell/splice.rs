@@ -33,6 +33,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 
 use crate::leg::boundary::MessageBoundary;
+use crate::leg::ws::BusyHint;
 
 use crate::contract::close::{self, reason};
 use crate::contract::limits;
@@ -647,7 +648,7 @@ impl Splice {
         meter: &(dyn Fn(Stats) + Sync),
     ) -> Poll<Step>
     where
-        S: AsyncRead + AsyncWrite + Unpin + MessageBoundary,
+        S: AsyncRead + AsyncWrite + Unpin + MessageBoundary + BusyHint,
     {
         if let Some(end) = self.begin_poll(live, cx, kill) {
             return Poll::Ready(Step::End(end));
@@ -816,7 +817,7 @@ async fn busy_phase<S>(
     meter: &(dyn Fn(Stats) + Sync),
 ) -> AfterBusy<S>
 where
-    S: AsyncRead + AsyncWrite + Unpin + MessageBoundary,
+    S: AsyncRead + AsyncWrite + Unpin + MessageBoundary + BusyHint,
 {
     sp.grows += 1;
     match busy::run(sp, &mut p, &mut h, cfgs, kill, limits, sweep, meter).await {
@@ -859,7 +860,7 @@ pub async fn run<S>(
     meter: &(dyn Fn(Stats) + Sync),
 ) -> (End, Stats, Box<WebSocketStream<S>>, Box<WebSocketStream<S>>)
 where
-    S: AsyncRead + AsyncWrite + Unpin + MessageBoundary,
+    S: AsyncRead + AsyncWrite + Unpin + MessageBoundary + BusyHint,
 {
     let mut sp = Splice {
         up: Count::default(),

@@ -21,6 +21,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 
 use super::boundary::{Boundary, MessageBoundary};
+use super::ws::BusyHint;
 
 /// Bytes (frame headers included) an unauthenticated leg may send before it is refused 1009.
 /// The largest legitimate pre-auth exchange, `host-hello` plus `host-challenge-ack` with a
@@ -104,6 +105,12 @@ impl<S> PreAuthIo<S> {
         self.budget
             .as_ref()
             .is_some_and(|b| b.exceeded.load(Ordering::SeqCst))
+    }
+}
+
+impl<S: BusyHint> BusyHint for PreAuthIo<S> {
+    fn set_busy(&mut self, busy: bool) {
+        self.inner.set_busy(busy);
     }
 }
 

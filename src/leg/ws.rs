@@ -23,6 +23,8 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
+use crate::tls::stream::TlsIo;
+
 use super::preauth_io::PreAuthIo;
 use crate::contract::limits;
 use crate::http::Response;
@@ -30,21 +32,46 @@ use crate::http::Response;
 /// A server-side leg socket, read through the pre-auth budget ([`PreAuthIo`]).
 pub type Ws = WebSocketStream<PreAuthIo<LegIo>>;
 
-/// The stream under a leg socket once hyper hands the upgraded connection over. On plain TCP it
-/// is the accepted `TcpStream` itself: hyper's `Upgraded` is taken apart (its boxed IO and its
-/// read-buffer leftover), so an idle socket holds no heap allocation of its own. Any other
-/// transport (TLS) keeps hyper's upgraded IO, boxed so both variants stay small.
+/// The stream under a leg socket once hyper hands the upgraded connection over. hyper's
+/// `Upgraded` is taken apart (its boxed IO and its read-buffer leftover) for the two transports
+/// the server accepts: on plain TCP the accepted `TcpStream` itself, so an idle socket holds no
+/// heap allocation of its own; over the relay's TLS listener its [`TlsIo`], boxed so the variants
+/// stay small, and reached directly (no dynamic dispatch per read) so a splice can put it in
+/// [busy mode](BusyHint). Any other IO keeps hyper's upgraded IO.
 pub enum LegIo {
     Tcp(TcpStream),
+    Tls(Box<TlsIo>),
     Upgraded(Box<TokioIo<Upgraded>>),
 }
+
+/// A hint from a splice that its socket is moving data in bulk (its busy phase), or no longer is:
+/// a transport that frees its buffers whenever it drains (TLS) keeps them meanwhile.
+pub trait BusyHint {
+    fn set_busy(&mut self, _busy: bool) {}
+}
+
+impl BusyHint for LegIo {
+    fn set_busy(&mut self, busy: bool) {
+        if let LegIo::Tls(t) = self {
+            t.set_busy(busy);
+        }
+    }
+}
+
+/// Test sockets keep no buffers to hint about.
+#[cfg(test)]
+impl BusyHint for tokio::io::DuplexStream {}
 
 impl LegIo {
     /// Unwraps `upgraded`; also returns the bytes hyper had already read past the request (a
     /// client may send its first frame without waiting for the 101), to be handed to the codec.
     pub fn unwrap(upgraded: Upgraded) -> (LegIo, Bytes) {
-        match upgraded.downcast::<TokioIo<TcpStream>>() {
-            Ok(parts) => (LegIo::Tcp(parts.io.into_inner()), parts.read_buf),
+        let upgraded = match upgraded.downcast::<TokioIo<TcpStream>>() {
+            Ok(parts) => return (LegIo::Tcp(parts.io.into_inner()), parts.read_buf),
+            Err(upgraded) => upgraded,
+        };
+        match upgraded.downcast::<TokioIo<TlsIo>>() {
+            Ok(parts) => (LegIo::Tls(Box::new(parts.io.into_inner())), parts.read_buf),
             Err(upgraded) => (
                 LegIo::Upgraded(Box::new(TokioIo::new(upgraded))),
                 Bytes::new(),
@@ -61,6 +88,7 @@ impl AsyncRead for LegIo {
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             LegIo::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            LegIo::Tls(t) => Pin::new(&mut **t).poll_read(cx, buf),
             LegIo::Upgraded(u) => Pin::new(&mut **u).poll_read(cx, buf),
         }
     }
@@ -74,18 +102,21 @@ impl AsyncWrite for LegIo {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             LegIo::Tcp(s) => Pin::new(s).poll_write(cx, data),
+            LegIo::Tls(t) => Pin::new(&mut **t).poll_write(cx, data),
             LegIo::Upgraded(u) => Pin::new(&mut **u).poll_write(cx, data),
         }
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             LegIo::Tcp(s) => Pin::new(s).poll_flush(cx),
+            LegIo::Tls(t) => Pin::new(&mut **t).poll_flush(cx),
             LegIo::Upgraded(u) => Pin::new(&mut **u).poll_flush(cx),
         }
     }
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             LegIo::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            LegIo::Tls(t) => Pin::new(&mut **t).poll_shutdown(cx),
             LegIo::Upgraded(u) => Pin::new(&mut **u).poll_shutdown(cx),
         }
     }
@@ -96,12 +127,14 @@ impl AsyncWrite for LegIo {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             LegIo::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            LegIo::Tls(t) => Pin::new(&mut **t).poll_write_vectored(cx, bufs),
             LegIo::Upgraded(u) => Pin::new(&mut **u).poll_write_vectored(cx, bufs),
         }
     }
     fn is_write_vectored(&self) -> bool {
         match self {
             LegIo::Tcp(s) => s.is_write_vectored(),
+            LegIo::Tls(t) => t.is_write_vectored(),
             LegIo::Upgraded(u) => u.is_write_vectored(),
         }
     }

@@ -36,6 +36,9 @@ use super::record::{Caught, Keys13, Opened};
 /// Spare room made for a socket read while the connection is busy: two full TLS records (16 KiB of
 /// payload plus overhead each), so a stream of full records is not read a part-record at a time.
 const READ_CHUNK: usize = 32 * 1024;
+/// Spare room made for a socket read in [busy mode](TlsIo::set_busy): eight full records, so a
+/// splice moving large frames reads about as much per system call as it does on plain TCP.
+const BUSY_READ_CHUNK: usize = 8 * (16 * 1024 + 256);
 /// Ciphertext held waiting for the rest of a message; rustls refuses larger handshake messages
 /// (64 KiB) and records (18 KiB) itself, this only bounds the buffer whatever the peer sends.
 const INCOMING_MAX: usize = 80 * 1024;
@@ -83,6 +86,8 @@ pub struct TlsIo {
     /// The socket reached EOF without a close_notify (a truncation: read as an error).
     truncated: bool,
     close_sent: bool,
+    /// [Busy mode](TlsIo::set_busy): buffers kept when the socket drains, larger reads.
+    busy: bool,
 }
 
 /// What one [`TlsIo::drive`] asks of rustls once the records received are processed.
@@ -221,11 +226,23 @@ impl TlsIo {
             peer_closed: false,
             truncated: false,
             close_sent: false,
+            busy: false,
         };
         let mut caught = Caught::default();
         std::future::poll_fn(|cx| io.poll_handshake(cx, &mut caught)).await?;
         io.after_handshake(&config, &caught)?;
         Ok(io)
+    }
+
+    /// Busy mode, for a connection that is moving data in bulk (a splice's busy phase): the
+    /// buffers and ring's keys are kept when the socket drains, instead of being freed and built
+    /// again at every pause of the stream, and a socket read takes up to [`BUSY_READ_CHUNK`].
+    /// Leaving it frees what is drained, as a quiet connection would have.
+    pub fn set_busy(&mut self, busy: bool) {
+        self.busy = busy;
+        if !busy {
+            self.release_drained();
+        }
     }
 
     /// The ALPN protocol agreed in the handshake.
@@ -278,7 +295,7 @@ impl TlsIo {
                 _ => {}
             }
             ready!(flushed);
-            if ready!(self.poll_fill(cx))? == 0 {
+            if ready!(self.poll_fill(cx, 0))? == 0 {
                 return Poll::Ready(Err(io::ErrorKind::UnexpectedEof.into()));
             }
         }
@@ -356,36 +373,52 @@ impl TlsIo {
         }
     }
 
-    /// Reads from the socket into `incoming`; `Ready(Ok(0))` is EOF.
-    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+    /// Reads from the socket into `incoming`; `Ready(Ok(0))` is EOF. `room` is the reader's free
+    /// space: in busy mode a read takes about that much ciphertext (within [`READ_CHUNK`] and
+    /// [`BUSY_READ_CHUNK`]), so what it decrypts goes straight to the reader instead of through
+    /// `plain`, which would copy it twice.
+    fn poll_fill(&mut self, cx: &mut Context<'_>, room: usize) -> Poll<io::Result<usize>> {
         if self.incoming.len() - self.in_at >= INCOMING_MAX {
             return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 "tls: incomplete message over the buffer bound",
             )));
         }
-        loop {
-            // Room is made only once the socket is readable, and given back once it is drained:
-            // a connection waiting for its peer holds no buffer.
-            if self.tcp.poll_read_ready(cx)?.is_pending() {
+        // Room is made only once the socket is readable, and given back once it is drained: a
+        // connection waiting for its peer holds no buffer.
+        if self.tcp.poll_read_ready(cx)?.is_pending() {
+            if !self.busy {
                 self.release_drained();
-                return Poll::Pending;
             }
-            if self.incoming.capacity() - self.incoming.len() < READ_CHUNK / 4 {
-                // Move the partial record to the front first; grow only if that is not room
-                // enough (growing would copy it anyway).
-                self.incoming.drain(..self.in_at);
-                self.in_at = 0;
-                if self.incoming.capacity() - self.incoming.len() < READ_CHUNK / 4 {
-                    self.incoming.reserve(READ_CHUNK);
-                }
-            }
-            match self.tcp.try_read_buf(&mut self.incoming) {
-                Ok(n) => return Poll::Ready(Ok(n)),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Poll::Ready(Err(e)),
+            return Poll::Pending;
+        }
+        let chunk = if self.busy {
+            // Plaintext plus its records' overhead (22 bytes per 16 KiB record at most).
+            (room + (room >> 9) + RECORD_OVERHEAD).clamp(READ_CHUNK, BUSY_READ_CHUNK)
+        } else {
+            READ_CHUNK
+        };
+        if self.incoming.capacity() - self.incoming.len() < chunk / 4 {
+            // Move the partial record to the front first; grow only if that is not room enough
+            // (growing would copy it anyway).
+            self.incoming.drain(..self.in_at);
+            self.in_at = 0;
+            if self.incoming.capacity() - self.incoming.len() < chunk / 4 {
+                self.incoming.reserve(chunk);
             }
         }
+        // The socket's own `poll_read`: a read that returns less than it was offered marks the
+        // socket drained, so the next read waits for readiness instead of costing a system call
+        // that would only say "would block".
+        let read = tokio_util::io::poll_read_buf(
+            Pin::new(&mut self.tcp),
+            cx,
+            &mut bytes::BufMut::limit(&mut self.incoming, chunk),
+        );
+        if read.is_pending() && !self.busy {
+            self.release_drained();
+        }
+        read
     }
 
     /// Frees each buffer that holds nothing (the socket has nothing more to read for now), and
@@ -549,7 +582,7 @@ impl AsyncRead for TlsIo {
             if this.plain_at < this.plain.len() || this.peer_closed {
                 continue;
             }
-            if ready!(this.poll_fill(cx))? == 0 {
+            if ready!(this.poll_fill(cx, buf.remaining()))? == 0 {
                 this.truncated = true;
             }
         }
@@ -1051,6 +1084,90 @@ mod tests {
         let rustls = std::mem::size_of::<UnbufferedServerConnection>();
         eprintln!("TlsIo {size} bytes; rustls' UnbufferedServerConnection {rustls} bytes inline");
         assert!(size <= 512, "{size} bytes");
+    }
+
+    /// In busy mode a drained connection keeps its buffers and ring's keys, a read takes more than
+    /// two records at once, and leaving busy mode frees what is drained; on TLS 1.3 (our record
+    /// layer) and TLS 1.2 (rustls).
+    #[tokio::test]
+    async fn busy_mode_keeps_buffers_through_pauses_and_reads_in_large_chunks() {
+        const BULK: usize = 300_000;
+        for (version, want_engine) in [
+            (&rustls::version::TLS13, "tls13"),
+            (&rustls::version::TLS12, "rustls"),
+        ] {
+            let (server, client) = configs(&[version], b"http/1.1");
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let accept = tokio::spawn(async move {
+                let (tcp, _) = listener.accept().await.unwrap();
+                TlsIo::accept(tcp, server).await.unwrap()
+            });
+            let c = connect(client, addr).await.unwrap();
+            let mut io = accept.await.unwrap();
+            assert_eq!(engine(&io), want_engine);
+            io.set_busy(true);
+            let mut buf = vec![0u8; BULK];
+            let data: Vec<u8> = (0..BULK as u32).map(|i| (i % 251) as u8).collect();
+            // Written in one go while the server reads, so the socket holds several records.
+            let sender = {
+                let data = data.clone();
+                tokio::spawn(async move {
+                    let mut c = c;
+                    c.write_all(&data).await.unwrap();
+                    c.flush().await.unwrap();
+                    c
+                })
+            };
+            let mut got = 0;
+            let mut largest_room = 0;
+            while got < BULK {
+                let n = io.read(&mut buf[got..]).await.unwrap();
+                assert!(n > 0, "early end");
+                largest_room = largest_room.max(io.incoming.capacity());
+                got += n;
+            }
+            assert!(buf == data, "bulk differs ({want_engine})");
+            let mut c = sender.await.unwrap();
+            if want_engine == "tls13" {
+                assert!(
+                    largest_room >= BUSY_READ_CHUNK,
+                    "busy reads offer {largest_room} bytes"
+                );
+            }
+            io.write_all(b"pong!").await.unwrap();
+            io.flush().await.unwrap();
+            let mut back = [0u8; 5];
+            c.read_exact(&mut back).await.unwrap();
+            let held_busy = held_when_drained(&mut io).await;
+            assert!(
+                held_busy > 0,
+                "a busy connection keeps its buffers ({want_engine})"
+            );
+            if want_engine == "tls13" {
+                assert!(
+                    io.out.capacity() > 0
+                        && matches!(&io.engine, Engine::Tls13(k) if k.holds_aead())
+                );
+            }
+            io.set_busy(false);
+            assert_eq!(held(&io), 0, "leaving busy mode frees what is drained");
+            assert_eq!(held_when_drained(&mut io).await, 0);
+            ping_through(&mut c, &mut io).await;
+        }
+    }
+
+    /// A ping from the client echoed by `io`.
+    async fn ping_through(c: &mut tokio_rustls::client::TlsStream<TcpStream>, io: &mut TlsIo) {
+        c.write_all(b"ping!").await.unwrap();
+        c.flush().await.unwrap();
+        let mut got = [0u8; 5];
+        io.read_exact(&mut got).await.unwrap();
+        io.write_all(&got).await.unwrap();
+        io.flush().await.unwrap();
+        let mut back = [0u8; 5];
+        c.read_exact(&mut back).await.unwrap();
+        assert_eq!(&back, b"ping!");
     }
 
     /// A refused handshake sends rustls' alert before closing, and the error carries the reason.

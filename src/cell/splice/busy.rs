@@ -37,6 +37,7 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use super::{wedge_deadline, Count, Dir, End, IdleSweep, Limits, Live, Side, Splice, Stats};
 use crate::cell::frame_rewrite::{self, FrameLimits, Stop};
 use crate::leg::boundary::MessageBoundary;
+use crate::leg::ws::BusyHint;
 
 /// Each socket's read buffer in the busy phase; also the largest frame the rewriter takes (a
 /// larger one is handed over to a codec).
@@ -335,8 +336,10 @@ pub(super) async fn run<S>(
     meter: &(dyn Fn(Stats) + Sync),
 ) -> Outcome
 where
-    S: AsyncRead + AsyncWrite + Unpin + MessageBoundary,
+    S: AsyncRead + AsyncWrite + Unpin + MessageBoundary + BusyHint,
 {
+    phone.set_busy(true);
+    host.set_busy(true);
     let mut busy = Busy {
         phone: Wire::new(cfgs.0),
         host: Wire::new(cfgs.1),
@@ -382,5 +385,7 @@ where
         )
         .await;
     }
+    phone.set_busy(false);
+    host.set_busy(false);
     out
 }
