@@ -33,7 +33,7 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 
 use crate::leg::boundary::MessageBoundary;
-use crate::leg::ws::BusyHint;
+use crate::leg::busy_hint::BusyHint;
 
 use crate::contract::close::{self, reason};
 use crate::contract::limits;

@@ -9,6 +9,7 @@
 
 pub mod admission;
 pub mod boundary;
+pub mod busy_hint;
 pub mod frame;
 pub mod gates;
 pub mod path;

@@ -21,7 +21,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 
 use super::boundary::{Boundary, MessageBoundary};
-use super::ws::BusyHint;
+use super::busy_hint::BusyHint;
 
 /// Bytes (frame headers included) an unauthenticated leg may send before it is refused 1009.
 /// The largest legitimate pre-auth exchange, `host-hello` plus `host-challenge-ack` with a

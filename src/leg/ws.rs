@@ -23,6 +23,7 @@ use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
+use super::busy_hint::BusyHint;
 use crate::tls::stream::TlsIo;
 
 use super::preauth_io::PreAuthIo;
@@ -37,17 +38,11 @@ pub type Ws = WebSocketStream<PreAuthIo<LegIo>>;
 /// the server accepts: on plain TCP the accepted `TcpStream` itself, so an idle socket holds no
 /// heap allocation of its own; over the relay's TLS listener its [`TlsIo`], boxed so the variants
 /// stay small, and reached directly (no dynamic dispatch per read) so a splice can put it in
-/// [busy mode](BusyHint). Any other IO keeps hyper's upgraded IO.
+/// [busy mode](super::busy_hint). Any other IO keeps hyper's upgraded IO.
 pub enum LegIo {
     Tcp(TcpStream),
     Tls(Box<TlsIo>),
     Upgraded(Box<TokioIo<Upgraded>>),
-}
-
-/// A hint from a splice that its socket is moving data in bulk (its busy phase), or no longer is:
-/// a transport that frees its buffers whenever it drains (TLS) keeps them meanwhile.
-pub trait BusyHint {
-    fn set_busy(&mut self, _busy: bool) {}
 }
 
 impl BusyHint for LegIo {
@@ -57,10 +52,6 @@ impl BusyHint for LegIo {
         }
     }
 }
-
-/// Test sockets keep no buffers to hint about.
-#[cfg(test)]
-impl BusyHint for tokio::io::DuplexStream {}
 
 impl LegIo {
     /// Unwraps `upgraded`; also returns the bytes hyper had already read past the request (a

@@ -37,7 +37,7 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use super::{wedge_deadline, Count, Dir, End, IdleSweep, Limits, Live, Side, Splice, Stats};
 use crate::cell::frame_rewrite::{self, FrameLimits, Stop};
 use crate::leg::boundary::MessageBoundary;
-use crate::leg::ws::BusyHint;
+use crate::leg::busy_hint::BusyHint;
 
 /// Each socket's read buffer in the busy phase; also the largest frame the rewriter takes (a
 /// larger one is handed over to a codec).
