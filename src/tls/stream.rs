@@ -33,8 +33,9 @@ use tokio::net::TcpStream;
 
 use super::record::{Caught, Keys13, Opened};
 
-/// Spare room made for a socket read while the connection is busy: two full TLS records (16 KiB of
-/// payload plus overhead each), so a stream of full records is not read a part-record at a time.
+/// Spare room made for a socket read (the least a read in busy mode offers): two full TLS records
+/// (16 KiB of payload plus overhead each), so a stream of full records is not read a part-record
+/// at a time.
 const READ_CHUNK: usize = 32 * 1024;
 /// Spare room made for a socket read in [busy mode](TlsIo::set_busy): eight full records, so a
 /// splice moving large frames reads about as much per system call as it does on plain TCP.
@@ -385,36 +386,34 @@ impl TlsIo {
             )));
         }
         // Room is made only once the socket is readable, and given back once it is drained: a
-        // connection waiting for its peer holds no buffer.
-        if self.tcp.poll_read_ready(cx)?.is_pending() {
-            if !self.busy {
-                self.release_drained();
-            }
-            return Poll::Pending;
-        }
-        let chunk = if self.busy {
-            // Plaintext plus its records' overhead (22 bytes per 16 KiB record at most).
-            (room + (room >> 9) + RECORD_OVERHEAD).clamp(READ_CHUNK, BUSY_READ_CHUNK)
+        // connection waiting for its peer holds no buffer (unless busy).
+        let read = if self.tcp.poll_read_ready(cx)?.is_pending() {
+            Poll::Pending
         } else {
-            READ_CHUNK
-        };
-        if self.incoming.capacity() - self.incoming.len() < chunk / 4 {
-            // Move the partial record to the front first; grow only if that is not room enough
-            // (growing would copy it anyway).
-            self.incoming.drain(..self.in_at);
-            self.in_at = 0;
+            let chunk = if self.busy {
+                // Plaintext plus its records' overhead (22 bytes per 16 KiB record at most).
+                (room + (room >> 9) + RECORD_OVERHEAD).clamp(READ_CHUNK, BUSY_READ_CHUNK)
+            } else {
+                READ_CHUNK
+            };
             if self.incoming.capacity() - self.incoming.len() < chunk / 4 {
-                self.incoming.reserve(chunk);
+                // Move the partial record to the front first; grow only if that is not room
+                // enough (growing would copy it anyway).
+                self.incoming.drain(..self.in_at);
+                self.in_at = 0;
+                if self.incoming.capacity() - self.incoming.len() < chunk / 4 {
+                    self.incoming.reserve(chunk);
+                }
             }
-        }
-        // The socket's own `poll_read`: a read that returns less than it was offered marks the
-        // socket drained, so the next read waits for readiness instead of costing a system call
-        // that would only say "would block".
-        let read = tokio_util::io::poll_read_buf(
-            Pin::new(&mut self.tcp),
-            cx,
-            &mut bytes::BufMut::limit(&mut self.incoming, chunk),
-        );
+            // The socket's own `poll_read`: a read that returns less than it was offered marks
+            // the socket drained, so the next read waits for readiness instead of costing a
+            // system call that would only say "would block".
+            tokio_util::io::poll_read_buf(
+                Pin::new(&mut self.tcp),
+                cx,
+                &mut bytes::BufMut::limit(&mut self.incoming, chunk),
+            )
+        };
         if read.is_pending() && !self.busy {
             self.release_drained();
         }
@@ -1135,10 +1134,8 @@ mod tests {
                     "busy reads offer {largest_room} bytes"
                 );
             }
-            io.write_all(b"pong!").await.unwrap();
-            io.flush().await.unwrap();
-            let mut back = [0u8; 5];
-            c.read_exact(&mut back).await.unwrap();
+            // Something sent, so the send buffer and key are in use too.
+            tokio::join!(ping(&mut c), echo(&mut io, &mut buf, 5));
             let held_busy = held_when_drained(&mut io).await;
             assert!(
                 held_busy > 0,
@@ -1153,21 +1150,8 @@ mod tests {
             io.set_busy(false);
             assert_eq!(held(&io), 0, "leaving busy mode frees what is drained");
             assert_eq!(held_when_drained(&mut io).await, 0);
-            ping_through(&mut c, &mut io).await;
+            tokio::join!(ping(&mut c), echo(&mut io, &mut buf, 5));
         }
-    }
-
-    /// A ping from the client echoed by `io`.
-    async fn ping_through(c: &mut tokio_rustls::client::TlsStream<TcpStream>, io: &mut TlsIo) {
-        c.write_all(b"ping!").await.unwrap();
-        c.flush().await.unwrap();
-        let mut got = [0u8; 5];
-        io.read_exact(&mut got).await.unwrap();
-        io.write_all(&got).await.unwrap();
-        io.flush().await.unwrap();
-        let mut back = [0u8; 5];
-        c.read_exact(&mut back).await.unwrap();
-        assert_eq!(&back, b"ping!");
     }
 
     /// A refused handshake sends rustls' alert before closing, and the error carries the reason.
